@@ -2,7 +2,9 @@ package cgroup
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -197,7 +199,7 @@ func (g Grant) Fiber(epoch, seq uint64) (Leaf, error) {
 // refuses. pkg/backend calls it when a grant is yielded.
 func (g Grant) Remove(ctx context.Context) error {
 	if err := g.Dir.Kill(ctx); err != nil {
-		if os.IsNotExist(err) {
+		if errors.Is(err, fs.ErrNotExist) {
 			return nil
 		}
 		return err
@@ -249,7 +251,7 @@ func (l Leaf) Procs() ([]int, error) { return readProcs(l.path) }
 // Where cgroup.kill is absent it sends SIGKILL to every pid listed in the
 // subtree's cgroup.procs files, again and again until they are all empty.
 // Killing a leaf that no longer exists fails with an error satisfying
-// os.IsNotExist. It fails when ctx ends before the fallback is done.
+// errors.Is(err, fs.ErrNotExist). It fails when ctx ends before the fallback is done.
 func (l Leaf) Kill(ctx context.Context) error { return kill(ctx, l.path) }
 
 // WaitEmpty returns once no process is left in the leaf or below it

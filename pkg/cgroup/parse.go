@@ -133,7 +133,7 @@ func parsePressure(data []byte) (float64, error) {
 				continue
 			}
 			x, err := strconv.ParseFloat(v, 64)
-			if err != nil || x < 0 || x > 100 {
+			if err != nil || !(x >= 0 && x <= 100) {
 				return 0, fmt.Errorf("bad avg10 %q", v)
 			}
 			return x, nil

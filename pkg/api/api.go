@@ -1,0 +1,128 @@
+package api
+
+import (
+	"time"
+
+	"fiberd.io/fiberd/pkg/core"
+)
+
+// Limits of request bodies, enforced before a body is read whole.
+const (
+	// MaxRequestBody caps every request body. A Clone carries a token (at
+	// most 8 KiB) and a payload (at most MaxPayload bytes, base64).
+	MaxRequestBody = 32 << 10
+	// MaxPayload is the largest Clone payload, in bytes before base64.
+	MaxPayload = 4096
+)
+
+// Clone kinds.
+const (
+	// KindCreate is a new fiber.
+	KindCreate = "create"
+	// KindAttach is the running fiber of the named session.
+	KindAttach = "attach"
+	// KindResume is a parked fiber brought back.
+	KindResume = "resume"
+)
+
+// CloneRequest is the body of POST /v1/clone. It names its grant by token
+// (Grant) or by UID (GrantUID) of an admitted grant. Naming the home's
+// SelfAdmitUID admits the home's own grant in place of any token presented.
+type CloneRequest struct {
+	// Grant is a compact grant JWT.
+	Grant string `json:"grant,omitempty"`
+	// GrantUID names an admitted grant.
+	GrantUID string `json:"grantUID,omitempty"`
+	// Session is a caller-chosen name; a Clone of a running session
+	// attaches to its fiber instead of creating a twin.
+	Session string `json:"session,omitempty"`
+	// DeadlineMs bounds the clone, in milliseconds. Zero is the server's
+	// default.
+	DeadlineMs int64 `json:"deadlineMs,omitempty"`
+	// Payload is handed to the fiber (FIBERD_PAYLOAD), at most MaxPayload
+	// bytes; base64 on the wire.
+	Payload []byte `json:"payload,omitempty"`
+}
+
+// CloneResponse is the body of a served Clone.
+type CloneResponse struct {
+	// FiberID is the fence printed "uid/epoch/seq".
+	FiberID string `json:"fiberID"`
+	// Endpoint is where the fiber serves: unix:///path or tcp://host:port.
+	Endpoint string `json:"endpoint"`
+	// Fence is the fiber's incarnation.
+	Fence core.Fence `json:"fence"`
+	// Kind is create, attach or resume.
+	Kind string `json:"kind"`
+}
+
+// FiberRequest is the body of POST /v1/release and POST /v1/park.
+type FiberRequest struct {
+	FiberID string `json:"fiberID"`
+}
+
+// Error is the body of every refusal. For a miss, Code is SHED or
+// DEFERRED_FALLBACK and Issuer names the control plane; otherwise Code is
+// one of the other error codes below.
+type Error struct {
+	// Code is SHED, DEFERRED_FALLBACK, INVALID, UNAUTHENTICATED,
+	// NOT_FOUND, TIER_GAP or INTERNAL.
+	Code string `json:"code"`
+	// Message says what went wrong and what to do.
+	Message string `json:"message"`
+	// Issuer is the control plane that can grant more capacity (misses).
+	Issuer string `json:"issuer,omitempty"`
+	// RetryAfterSeconds repeats the Retry-After header of a SHED.
+	RetryAfterSeconds int `json:"retryAfterSeconds,omitempty"`
+}
+
+// Error codes besides the miss codes of core.MissCode.
+const (
+	CodeInvalid         = "INVALID"
+	CodeUnauthenticated = "UNAUTHENTICATED"
+	CodeNotFound        = "NOT_FOUND"
+	CodeTierGap         = "TIER_GAP"
+	CodeInternal        = "INTERNAL"
+)
+
+// Status is the body of GET /v1/status and each line of GET /v1/watch.
+type Status struct {
+	// Home is the home's name.
+	Home string `json:"home"`
+	// Epoch is the agent's epoch.
+	Epoch uint64 `json:"epoch"`
+	// Lane is the control plane's health.
+	Lane Lane `json:"lane"`
+	// Ready is whether any grant's template is warm.
+	Ready bool `json:"ready"`
+	// Scope is the home's scope.
+	Scope []core.ScopeClaim `json:"scope,omitempty"`
+	// Grants are the admitted grants, by UID.
+	Grants []GrantStatus `json:"grants"`
+}
+
+// Lane is the lane's health in a Status.
+type Lane struct {
+	Healthy  bool      `json:"healthy"`
+	LastSync time.Time `json:"lastSync"`
+}
+
+// GrantStatus is one admitted grant in a Status.
+type GrantStatus struct {
+	UID         string        `json:"uid"`
+	Template    string        `json:"template"`
+	Warm        bool          `json:"warm"`
+	Running     int           `json:"running"`
+	Max         int           `json:"max"`
+	LeaseExpiry time.Time     `json:"leaseExpiry"`
+	LatestFence *core.Fence   `json:"latestFence,omitempty"`
+	Tier        core.Tier     `json:"tier"`
+	Fibers      []FiberStatus `json:"fibers,omitempty"`
+}
+
+// FiberStatus is one running fiber in a GrantStatus.
+type FiberStatus struct {
+	FiberID  string `json:"fiberID"`
+	Session  string `json:"session,omitempty"`
+	Endpoint string `json:"endpoint"`
+}

@@ -1,0 +1,363 @@
+package core
+
+import (
+	"errors"
+	"fmt"
+	"sort"
+	"sync"
+	"time"
+)
+
+// ErrStaleCommit is what Commit returns when the grant entry a reservation
+// was made on has been yielded or replaced, or the epoch moved, while the
+// runtime was forking. The caller releases the fiber it made.
+var ErrStaleCommit = errors.New("grant entry or epoch changed during the clone")
+
+// Fiber is one running fiber in the ledger.
+type Fiber struct {
+	// Fence is the fiber's incarnation, also its id.
+	Fence Fence
+	// Session is the caller-chosen name the fiber runs under, "" for none.
+	Session string
+	// Endpoint is where the fiber serves, as an endpoint URL.
+	Endpoint string
+	// Tier is the tier it was served with.
+	Tier Tier
+	// Created is when the ledger committed it.
+	Created time.Time
+	// Handle is the runtime's own data for the fiber, such as its leaf
+	// cgroup; the ledger never looks at it.
+	Handle any
+}
+
+// Reservation is a slot held for a fiber between Reserve and Commit or
+// Cancel. Its Fence is already minted.
+type Reservation struct {
+	Fence   Fence
+	Session string
+	entry   *ledgerEntry
+}
+
+// GrantState is a grant's entry as Snapshot shows it.
+type GrantState struct {
+	Grant    Grant
+	Running  []Fiber
+	Reserved int
+	LastSeq  uint64
+}
+
+type ledgerEntry struct {
+	grant    Grant
+	seq      uint64
+	reserved int
+	running  map[Fence]*Fiber
+	sessions map[string]Fence
+}
+
+// Ledger is the agent's account of admitted grants and their running
+// fibers. It enforces a grant's fibers.max with reservations made before the
+// runtime works, so a burst can never exceed it; it refuses to commit a fiber
+// whose grant entry or epoch changed during the fork; and it keeps the
+// deny-list of grants their lane revoked.
+//
+// The ledger does no I/O and never blocks on the runtime: callers reserve,
+// fork outside the lock, then commit or cancel. Session gates (LockSession)
+// serialise Clones of one session so only one creates it and the rest
+// attach. A Ledger is safe for concurrent use.
+type Ledger struct {
+	mu     sync.Mutex
+	epoch  uint64
+	grants map[string]*ledgerEntry
+	denied map[string]bool
+
+	gateMu sync.Mutex
+	gates  map[string]*gate
+}
+
+type gate struct {
+	mu   sync.Mutex
+	refs int
+}
+
+// NewLedger returns an empty ledger at epoch.
+func NewLedger(epoch uint64) *Ledger {
+	return &Ledger{
+		epoch:  epoch,
+		grants: make(map[string]*ledgerEntry),
+		denied: make(map[string]bool),
+		gates:  make(map[string]*gate),
+	}
+}
+
+// Epoch is the epoch new fences are minted in.
+func (l *Ledger) Epoch() uint64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.epoch
+}
+
+// SetEpoch moves the ledger to a new epoch, as after a scope loss, and
+// returns every running fiber, all of which are stale now: the caller
+// releases them. Grants stay admitted; reservations in flight will fail to
+// commit.
+func (l *Ledger) SetEpoch(epoch uint64) []Fiber {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.epoch = epoch
+	var out []Fiber
+	for _, e := range l.grants {
+		for _, f := range e.running {
+			out = append(out, *f)
+		}
+		e.running = make(map[Fence]*Fiber)
+		e.sessions = make(map[string]Fence)
+	}
+	sortFibers(out)
+	return out
+}
+
+// Admit adds grant g, or updates an admitted grant of the same UID (a
+// renewal keeps its fibers and sequence). It reports whether the grant is
+// new. A denied UID is not admitted: it returns an error wrapping ErrDenied.
+func (l *Ledger) Admit(g Grant) (added bool, err error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.denied[g.UID] {
+		return false, fmt.Errorf("grant %q: %w", g.UID, ErrDenied)
+	}
+	if e, ok := l.grants[g.UID]; ok {
+		e.grant = g
+		return false, nil
+	}
+	l.grants[g.UID] = &ledgerEntry{grant: g, running: make(map[Fence]*Fiber), sessions: make(map[string]Fence)}
+	return true, nil
+}
+
+// ErrDenied is a grant its lane revoked, refused until the lane delivers it
+// again.
+var ErrDenied = errors.New("grant revoked by its lane")
+
+// Grant returns the admitted grant uid.
+func (l *Ledger) Grant(uid string) (Grant, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	e, ok := l.grants[uid]
+	if !ok {
+		return Grant{}, false
+	}
+	return e.grant, true
+}
+
+// Yield removes grant uid and returns its running fibers for the caller to
+// release. Reservations on it will fail to commit.
+func (l *Ledger) Yield(uid string) []Fiber {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	e, ok := l.grants[uid]
+	if !ok {
+		return nil
+	}
+	delete(l.grants, uid)
+	out := make([]Fiber, 0, len(e.running))
+	for _, f := range e.running {
+		out = append(out, *f)
+	}
+	sortFibers(out)
+	return out
+}
+
+// Deny puts uid on the deny-list: it cannot be admitted until Lift.
+func (l *Ledger) Deny(uid string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.denied[uid] = true
+}
+
+// Lift takes uid off the deny-list, as when the lane delivers it again.
+func (l *Ledger) Lift(uid string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	delete(l.denied, uid)
+}
+
+// Denied reports whether uid is on the deny-list.
+func (l *Ledger) Denied(uid string) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.denied[uid]
+}
+
+// LockSession takes the gate of (uid, session) and returns its unlock. Hold
+// it from Reserve to Commit or Cancel, so concurrent Clones of one session
+// resolve to one fiber: the first creates it, the rest attach. An empty
+// session has no gate and the unlock is a no-op.
+func (l *Ledger) LockSession(uid, session string) (unlock func()) {
+	if session == "" {
+		return func() {}
+	}
+	key := uid + "\x00" + session
+	l.gateMu.Lock()
+	g := l.gates[key]
+	if g == nil {
+		g = &gate{}
+		l.gates[key] = g
+	}
+	g.refs++
+	l.gateMu.Unlock()
+	g.mu.Lock()
+	return func() {
+		g.mu.Unlock()
+		l.gateMu.Lock()
+		g.refs--
+		if g.refs == 0 {
+			delete(l.gates, key)
+		}
+		l.gateMu.Unlock()
+	}
+}
+
+// Reserve resolves a Clone of grant uid at now. A running session returns
+// its fiber to attach to and no reservation. Otherwise it holds a slot and
+// mints the next fence. It fails with a reason for a capacity miss: the
+// grant is unknown or denied, its lease lapsed, or it is at fibers.max. The
+// error wraps ErrNoCapacity; the caller turns it into a Miss by lane health.
+func (l *Ledger) Reserve(uid, session string, now time.Time) (res *Reservation, attach *Fiber, err error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.denied[uid] {
+		return nil, nil, fmt.Errorf("grant %q revoked: %w", uid, ErrNoCapacity)
+	}
+	e, ok := l.grants[uid]
+	if !ok {
+		return nil, nil, fmt.Errorf("grant %q not admitted: %w", uid, ErrNoCapacity)
+	}
+	if e.grant.Expired(now) {
+		return nil, nil, fmt.Errorf("grant %q lease ended at %s: %w", uid, e.grant.Expiry.UTC().Format(time.RFC3339), ErrNoCapacity)
+	}
+	if session != "" {
+		if fe, ok := e.sessions[session]; ok {
+			f := *e.running[fe]
+			return nil, &f, nil
+		}
+	}
+	if len(e.running)+e.reserved >= e.grant.Fibers.Max {
+		return nil, nil, fmt.Errorf("grant %q at fibers.max %d: %w", uid, e.grant.Fibers.Max, ErrNoCapacity)
+	}
+	e.reserved++
+	e.seq++
+	return &Reservation{Fence: Fence{GrantUID: uid, Epoch: l.epoch, Seq: e.seq}, Session: session, entry: e}, nil, nil
+}
+
+// ErrNoCapacity is a Clone the ledger cannot serve: unknown, denied or
+// lapsed grant, or one at fibers.max.
+var ErrNoCapacity = errors.New("no capacity")
+
+// Commit records the fiber made for res. It fails with ErrStaleCommit when
+// the grant entry was yielded or replaced or the epoch moved since Reserve;
+// the slot is freed either way.
+func (l *Ledger) Commit(res *Reservation, f Fiber) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	res.entry.reserved--
+	if l.grants[res.Fence.GrantUID] != res.entry || l.epoch != res.Fence.Epoch {
+		return fmt.Errorf("fiber %s: %w", res.Fence, ErrStaleCommit)
+	}
+	f.Fence = res.Fence
+	f.Session = res.Session
+	res.entry.running[f.Fence] = &f
+	if f.Session != "" {
+		res.entry.sessions[f.Session] = f.Fence
+	}
+	return nil
+}
+
+// Cancel frees the slot of a reservation whose fork failed.
+func (l *Ledger) Cancel(res *Reservation) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	res.entry.reserved--
+}
+
+// Lookup returns the running fiber fence. A fence of an older epoch, an
+// unknown grant or a fiber no longer running is an error wrapping
+// ErrNotFound.
+func (l *Ledger) Lookup(fence Fence) (Fiber, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if fence.Epoch != l.epoch {
+		return Fiber{}, fmt.Errorf("fiber %s: epoch %d is not the current %d: %w", fence, fence.Epoch, l.epoch, ErrNotFound)
+	}
+	e, ok := l.grants[fence.GrantUID]
+	if !ok {
+		return Fiber{}, fmt.Errorf("fiber %s: %w", fence, ErrNotFound)
+	}
+	f, ok := e.running[fence]
+	if !ok {
+		return Fiber{}, fmt.Errorf("fiber %s: %w", fence, ErrNotFound)
+	}
+	return *f, nil
+}
+
+// Remove takes a fiber out of the ledger, freeing its slot: a release by the
+// caller or an exit on its own. It reports the fiber and whether it was
+// there.
+func (l *Ledger) Remove(fence Fence) (Fiber, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	e, ok := l.grants[fence.GrantUID]
+	if !ok {
+		return Fiber{}, false
+	}
+	f, ok := e.running[fence]
+	if !ok {
+		return Fiber{}, false
+	}
+	delete(e.running, fence)
+	if f.Session != "" && e.sessions[f.Session] == fence {
+		delete(e.sessions, f.Session)
+	}
+	return *f, true
+}
+
+// Lapsed lists the admitted grants whose lease has ended at now, for the
+// reaper to yield.
+func (l *Ledger) Lapsed(now time.Time) []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []string
+	for uid, e := range l.grants {
+		if e.grant.Expired(now) {
+			out = append(out, uid)
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+// Snapshot is every admitted grant's state, ordered by UID.
+func (l *Ledger) Snapshot() []GrantState {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	out := make([]GrantState, 0, len(l.grants))
+	for _, e := range l.grants {
+		st := GrantState{Grant: e.grant, Reserved: e.reserved, LastSeq: e.seq}
+		for _, f := range e.running {
+			st.Running = append(st.Running, *f)
+		}
+		sortFibers(st.Running)
+		out = append(out, st)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Grant.UID < out[j].Grant.UID })
+	return out
+}
+
+func sortFibers(fs []Fiber) {
+	sort.Slice(fs, func(i, j int) bool {
+		a, b := fs[i].Fence, fs[j].Fence
+		if a.GrantUID != b.GrantUID {
+			return a.GrantUID < b.GrantUID
+		}
+		c, _ := a.Compare(b)
+		return c < 0
+	})
+}

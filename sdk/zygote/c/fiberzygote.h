@@ -1,0 +1,77 @@
+/*
+ * fiberzygote: the template side of fiberd's zygote protocol, in C.
+ *
+ * A zygote is a template that initialises once and then forks one fiber per
+ * request from fiberd. fiberd starts the zygote with a SOCK_SEQPACKET control
+ * socket as descriptor 3 (FZ_CONTROL_FD). The zygote does its expensive
+ * initialisation, then calls fz_serve, which says READY and from then on:
+ *
+ *   fiberd -> zygote  "CLONE <fence> <payload-hex|->" with SCM_RIGHTS
+ *                     [listener] or [listener, leaf cgroup directory]
+ *   zygote -> fiberd  "CLONED <fence> <pid>"  once the child is set up
+ *                     "ERROR <fence> <reason>" when it could not be
+ *                     "EXITED <fence> exit:<code>" or
+ *                     "EXITED <fence> signal:<SIGNAME>" when the child ended
+ *
+ * The child, before any user code runs: starts a new session (so the fiber
+ * and its descendants form one process group), enters the leaf cgroup by
+ * writing "0" to its cgroup.procs, moves the listener to descriptor 3, closes
+ * the control socket, and sets LISTEN_FDS=1, LISTEN_PID=<its pid>,
+ * FIBERD_FENCE and FIBERD_PAYLOAD (the payload's hex; unset when there is
+ * none). Then it calls on_fiber and exits with its return value.
+ *
+ * fz_serve reaps every child, so a fiber that crashes is reported as EXITED
+ * and the zygote keeps serving. When fiberd closes the control socket the
+ * zygote kills its fibers' process groups, reaps them and fz_serve returns 0.
+ */
+#ifndef FIBERZYGOTE_H
+#define FIBERZYGOTE_H
+
+#include <stddef.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The descriptor fiberd hands a zygote its control socket on. */
+#define FZ_CONTROL_FD 3
+
+/* The descriptor a fiber finds its listening socket on. */
+#define FZ_LISTEN_FD 3
+
+/* What a fiber is told about itself. Valid for the life of the fiber. */
+struct fz_fiber {
+	const char *fence;            /* "uid/epoch/seq", also in FIBERD_FENCE */
+	const unsigned char *payload; /* decoded payload bytes; NULL when none */
+	size_t payload_len;           /* 0 when none */
+	int listen_fd;                /* always FZ_LISTEN_FD */
+};
+
+/* Runs in the forked child. Its return value is the fiber's exit code. */
+typedef int (*fz_fiber_fn)(const struct fz_fiber *fiber, void *arg);
+
+/*
+ * fz_serve runs the zygote loop on control_fd (normally FZ_CONTROL_FD) until
+ * fiberd closes it, then returns 0. In each forked child it calls
+ * on_fiber(fiber, arg) and never returns there.
+ *
+ * It refuses to serve, printing why to stderr and returning -1 with errno
+ * set, when control_fd is not a unix SOCK_SEQPACKET socket (the zygote was
+ * not started by fiberd) or its set-up fails. It blocks SIGCHLD in the
+ * calling thread; fibers start with the signal mask the caller had.
+ */
+int fz_serve(int control_fd, fz_fiber_fn on_fiber, void *arg);
+
+/*
+ * fz_socket_activated reports whether the process was started by the exec
+ * backend (or any systemd-style activator) with a listener on descriptor 3:
+ * LISTEN_FDS=1 and LISTEN_PID equal to getpid(). A template that can run
+ * both ways checks it first and serves directly when it is true.
+ */
+int fz_socket_activated(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
