@@ -39,7 +39,8 @@ func Self() (string, error) { return self() }
 // NewTree. Delegate is idempotent: existing directories are reused.
 //
 // It fails, naming the path and the fix, when root is not a writable cgroup
-// v2 directory or a process cannot be moved. The Kubernetes home calls it at
+// v2 directory or a process cannot be moved (as on a host's top cgroup,
+// whose kernel threads never move: delegate a Pod's or a unit's cgroup). The Kubernetes home calls it at
 // start with the result of Self.
 func Delegate(root string, log logr.Logger) (grants string, err error) {
 	return delegate(root, log)

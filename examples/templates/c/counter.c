@@ -1,0 +1,138 @@
+/*
+ * counter: an HTTP counter template for fiberd, in C.
+ *
+ * Every fiber answers each HTTP request on its listener (descriptor 3) with
+ * "fence=<fence> pid=<pid> count=<n>", n counting the requests that fiber has
+ * served. GET /crash makes the fiber abort (for testing that a crash does not
+ * hurt the zygote); GET /exit/<code> makes it exit with <code>.
+ *
+ * Options:
+ *   --init-ms N    spend N milliseconds initialising before serving (default 0),
+ *                  the cost a warm zygote pays once and a cold exec pays per fiber
+ *   --hold-mib N   allocate and touch N MiB during init, kept for life (default 0)
+ *   --dirty-mib N  each fiber writes N MiB of its own before serving (default 0)
+ *
+ * Started by the proc backend (descriptor 3 is the control socket) it is a
+ * zygote and forks fibers through fz_serve; started by the exec backend
+ * (LISTEN_FDS=1, LISTEN_PID=its pid) it serves as the one fiber directly.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "fiberzygote.h"
+
+static unsigned char *held;
+static long dirty_mib;
+static unsigned char *fiber_mem; /* global so the writes that dirty it are kept */
+
+static double now_ms(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+static void init(long init_ms, long hold_mib)
+{
+	double start = now_ms();
+	if (hold_mib > 0) {
+		size_t n = (size_t)hold_mib << 20;
+		held = malloc(n);
+		if (!held) {
+			perror("counter: malloc");
+			exit(1);
+		}
+		for (size_t i = 0; i < n; i += 4096)
+			held[i] = (unsigned char)(i >> 12);
+	}
+	/* Stand-in for imports, JIT warm-up, model loading: burn the rest. */
+	volatile unsigned long x = 0;
+	while (now_ms() - start < (double)init_ms)
+		for (int i = 0; i < 10000; i++)
+			x += (unsigned long)i * 2654435761u;
+}
+
+static int serve(const char *fence)
+{
+	unsigned long count = 0;
+	signal(SIGPIPE, SIG_IGN);
+	if (dirty_mib > 0) {
+		size_t n = (size_t)dirty_mib << 20;
+		fiber_mem = malloc(n);
+		if (!fiber_mem)
+			return 1;
+		for (size_t i = 0; i < n; i += 4096)
+			fiber_mem[i] = 1;
+	}
+	for (;;) {
+		int c = accept(FZ_LISTEN_FD, NULL, NULL);
+		if (c < 0) {
+			if (errno == EINTR || errno == ECONNABORTED)
+				continue;
+			perror("counter: accept");
+			return 1;
+		}
+		char req[4096];
+		size_t got = 0;
+		while (got < sizeof(req) - 1) {
+			ssize_t n = read(c, req + got, sizeof(req) - 1 - got);
+			if (n <= 0)
+				break;
+			got += (size_t)n;
+			req[got] = 0;
+			if (strstr(req, "\r\n\r\n"))
+				break;
+		}
+		req[got] = 0;
+		if (strncmp(req, "GET /crash ", 11) == 0)
+			abort();
+		if (strncmp(req, "GET /exit/", 10) == 0)
+			exit(atoi(req + 10));
+		count++;
+		char body[512], out[1024];
+		int bl = snprintf(body, sizeof(body), "fence=%s pid=%d count=%lu\n", fence, (int)getpid(), count);
+		int ol = snprintf(out, sizeof(out),
+				  "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s",
+				  bl, body);
+		if (write(c, out, (size_t)ol) < 0) { /* the client went away */ }
+		close(c);
+	}
+}
+
+static int on_fiber(const struct fz_fiber *f, void *arg)
+{
+	(void)arg;
+	return serve(f->fence);
+}
+
+int main(int argc, char **argv)
+{
+	long init_ms = 0, hold_mib = 0;
+	for (int i = 1; i < argc; i++) {
+		if (i + 1 < argc && strcmp(argv[i], "--init-ms") == 0)
+			init_ms = atol(argv[++i]);
+		else if (i + 1 < argc && strcmp(argv[i], "--hold-mib") == 0)
+			hold_mib = atol(argv[++i]);
+		else if (i + 1 < argc && strcmp(argv[i], "--dirty-mib") == 0)
+			dirty_mib = atol(argv[++i]);
+		else {
+			fprintf(stderr, "usage: %s [--init-ms N] [--hold-mib N] [--dirty-mib N]\n", argv[0]);
+			return 2;
+		}
+	}
+	init(init_ms, hold_mib);
+	if (fz_socket_activated()) {
+		const char *fence = getenv("FIBERD_FENCE");
+		return serve(fence ? fence : "-");
+	}
+	if (fz_serve(FZ_CONTROL_FD, on_fiber, NULL) < 0)
+		return 2;
+	return 0;
+}

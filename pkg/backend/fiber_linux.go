@@ -1,0 +1,79 @@
+package backend
+
+import (
+	"context"
+	"errors"
+	"io/fs"
+	"os"
+	"sync/atomic"
+	"syscall"
+
+	"fiberd.io/fiberd/pkg/cgroup"
+	"fiberd.io/fiberd/pkg/core"
+)
+
+// fiber is the backends' record of one running fiber.
+type fiber struct {
+	fence core.Fence
+	pid   int
+	leaf  string // "" = none: the fiber is killed by process group
+
+	killed atomic.Bool   // set by Kill or Stop before the kill is sent
+	silent bool          // a fiber whose Clone was abandoned: no Exit
+	done   chan struct{} // closed once it is gone, its leaf removed and its Exit queued
+}
+
+func newFiber(fence core.Fence, pid int, leaf string) *fiber {
+	return &fiber{fence: fence, pid: pid, leaf: leaf, done: make(chan struct{})}
+}
+
+// signal ends the fiber's processes now: cgroup.kill on its leaf, or SIGKILL
+// to its process group (every fiber leads its own session, so its group is
+// its pid) and to itself.
+func (f *fiber) signal(ctx context.Context) error {
+	if f.leaf != "" {
+		err := cgroup.At(f.leaf).Kill(ctx)
+		if err == nil || errors.Is(err, fs.ErrNotExist) {
+			return nil
+		}
+		return err
+	}
+	for _, target := range []int{-f.pid, f.pid} {
+		if err := syscall.Kill(target, syscall.SIGKILL); err != nil && !errors.Is(err, syscall.ESRCH) {
+			return os.NewSyscallError("kill", err)
+		}
+	}
+	return nil
+}
+
+// finish runs once the fiber's main process has ended: it ends whatever is
+// left of it (processes it started that are still in its leaf or process
+// group), removes its leaf, queues its Exit and closes done.
+func (c *common) finish(f *fiber, r ExitReason) {
+	if f.killed.Load() {
+		r.Killed = true
+	}
+	ctx, cancel := clockTimeout(context.Background(), c.cfg.Clock, c.cfg.KillTimeout)
+	defer cancel()
+	if f.leaf != "" {
+		l := cgroup.At(f.leaf)
+		err := l.Kill(ctx)
+		if err == nil {
+			err = l.WaitEmpty(ctx)
+		}
+		if err == nil {
+			err = l.Remove()
+		}
+		if err != nil && !errors.Is(err, fs.ErrNotExist) {
+			c.log.Error(err, "Fiber leaf not removed", "fence", f.fence.String(), "leaf", f.leaf)
+		}
+	} else {
+		// The pid was reaped, but the group lives on while a member does.
+		_ = syscall.Kill(-f.pid, syscall.SIGKILL)
+	}
+	if !f.silent {
+		c.exits.push(Exit{GrantUID: f.fence.GrantUID, Fence: f.fence, Reason: r})
+	}
+	c.log.V(2).Info("Fiber ended", "fence", f.fence.String(), "pid", f.pid, "reason", r.String())
+	close(f.done)
+}

@@ -1,0 +1,14 @@
+// Package client is the Go client of fiberd's HTTP API (ARCHITECTURE 4.4):
+// Clone, Release, Park, Status, Watch and Healthz, over the agent's unix
+// socket or over TCP, plaintext on loopback or TLS 1.3 with a client
+// certificate.
+//
+// A refusal comes back as an *Error carrying the HTTP status and the
+// api.Error body the server sent. It unwraps to the outcome class of
+// pkg/core, so callers match it the same way the agent produced it:
+// errors.Is(err, core.ErrNotFound), or core.IsMiss(err) for a SHED or
+// DEFERRED_FALLBACK miss.
+//
+// Importers: cmd/fiberctl, the process and end-to-end tests, benchmarks.
+// It imports pkg/api and pkg/core, never pkg/fiberd.
+package client

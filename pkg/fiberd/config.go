@@ -1,0 +1,288 @@
+package fiberd
+
+import (
+	"fmt"
+	"net"
+	"path/filepath"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/klog/v2"
+	"k8s.io/utils/clock"
+
+	"fiberd.io/fiberd/pkg/backend"
+	"fiberd.io/fiberd/pkg/core"
+	"fiberd.io/fiberd/pkg/endpoint"
+	"fiberd.io/fiberd/pkg/grant"
+	"fiberd.io/fiberd/pkg/home"
+)
+
+// Defaults of Config. cmd/fiberd uses DefaultListen as the default of its
+// -listen flag; Config itself reads an empty Listen as "no TCP listener".
+const (
+	// DefaultListen is the TCP address of the API cmd/fiberd listens on
+	// unless -listen says otherwise.
+	DefaultListen = "127.0.0.1:8484"
+	// DefaultThrashRate is how many Clones per second the thrash budget
+	// admits in the long run.
+	DefaultThrashRate = 200
+	// DefaultThrashBurst is how many Clones the thrash budget admits at
+	// once.
+	DefaultThrashBurst = 200
+	// DefaultRetryAfter is the back-off a SHED asks for when the miss
+	// names none.
+	DefaultRetryAfter = time.Second
+	// DefaultCloneDeadline bounds a Clone whose request names no deadline.
+	DefaultCloneDeadline = 10 * time.Second
+	// DefaultReapInterval is how often lapsed leases are yielded.
+	DefaultReapInterval = 5 * time.Second
+	// DefaultPortRange is the TCP port range fibers of the inet families
+	// listen on.
+	DefaultPortRange = "20000-20999"
+)
+
+// Config is what cmd/fiberd (or a test) hands New. Every field documents its
+// default; withDefaults applies them without I/O, and Validate names the
+// first field that is wrong and how to fix it.
+type Config struct {
+	// Home is where the agent runs, already built by the caller. Required.
+	// The agent calls Grants, Run and, when it stops, Close: it owns the
+	// home from New on, and closes it also when New fails.
+	Home home.Home
+
+	// Issuer is the issuer URL grant tokens must carry in iss. Required.
+	// Every miss body names it.
+	Issuer string
+	// NodeID is this home's node id, the aud every grant token must carry
+	// (in Kubernetes the Pod name). Required.
+	NodeID string
+	// Keys finds the issuer's public keys: a *grant.Cache (keys found by
+	// OIDC discovery, refreshed by the home) or a *grant.StaticKeys (a
+	// local JWKS, -issuer-keys). Required.
+	Keys grant.KeySource
+	// MaxLease, when positive, refuses tokens whose lease is longer. Zero
+	// (the default) accepts any lease.
+	MaxLease time.Duration
+
+	// Templates is the directory of template specs (-templates), one
+	// <name>.json per template. Required.
+	Templates string
+	// Warm is the proc backend, serving tier WARM from a zygote per grant.
+	// Nil means no WARM tier: every grant is served by Basic, and a grant
+	// whose MinTier is WARM or above is refused with a tier gap.
+	Warm backend.Backend
+	// Basic is the exec backend, serving tier BASIC by fork+exec. Nil means
+	// no BASIC tier. At least one of Warm and Basic is required. A grant is
+	// served by Warm when its template spec says "zygote": true and Warm is
+	// set, else by Basic; a grant whose MinTier the chosen backend cannot
+	// reach is refused with a tier gap (412).
+	Basic backend.Backend
+
+	// StateDir is the agent's state directory (-state). Required, absolute.
+	// The agent creates StateDir/private with mode 0700 and keeps there
+	// the epoch file (private/epoch) and the admin socket
+	// (private/admin.sock).
+	StateDir string
+	// RunDir is where fibers' unix sockets are bound (-run-dir), created
+	// 0700. Default StateDir/run.
+	RunDir string
+
+	// Listen is the TCP address of the API (-listen). Empty (the zero
+	// value) means no TCP listener; cmd/fiberd defaults its flag to
+	// DefaultListen. A TCP listener needs TLSCert, TLSKey and ClientCA,
+	// or InsecurePlaintext.
+	Listen string
+	// Socket is the path of the API's unix socket (-socket), mode 0600 in
+	// a directory the agent creates 0700 when missing. Default
+	// StateDir/fiberd.sock. "-" means no unix socket. Callers on the
+	// socket count as authenticated: its file mode is the protection.
+	Socket string
+	// TLSCert and TLSKey are the PEM files of the TCP listener's server
+	// certificate, and ClientCA the PEM bundle client certificates must
+	// chain to. All three or none. With them the listener speaks TLS 1.3
+	// only and requires a verified client certificate.
+	TLSCert  string
+	TLSKey   string
+	ClientCA string
+	// InsecurePlaintext lets the TCP listener serve plain HTTP when no TLS
+	// files are given (-insecure-plaintext). Callers over it are not
+	// authenticated: they cannot self-admit the home's own grant. Without
+	// InsecureAllowNonLoopback the address must be a loopback IP or
+	// "localhost". Default false: New refuses a TCP listener without TLS.
+	InsecurePlaintext bool
+	// InsecureAllowNonLoopback lets a plaintext listener bind a
+	// non-loopback address, which the operator must name explicitly in
+	// Listen (a wildcard host such as ":8484" or "0.0.0.0:8484" counts as
+	// non-loopback). Meaningful only with InsecurePlaintext. Default false.
+	InsecureAllowNonLoopback bool
+
+	// EndpointFamily is the family fibers are reached at (-endpoint-family).
+	// Default endpoint.Unix: a socket under RunDir.
+	EndpointFamily endpoint.Family
+	// EndpointHost is the IP fibers of the inet families listen on and
+	// advertise (-endpoint-host), used when the home is no EndpointHoster
+	// or answers "". Default the family's loopback.
+	EndpointHost string
+	// PortRange is the TCP ports fibers of the inet families listen on
+	// (-port-range). Default DefaultPortRange.
+	PortRange endpoint.PortRange
+
+	// ThrashRate is the Clones per second the thrash budget admits in the
+	// long run; a Clone over the budget is SHED. Default DefaultThrashRate.
+	ThrashRate float64
+	// ThrashBurst is the Clones the thrash budget admits at once. Default
+	// DefaultThrashBurst.
+	ThrashBurst int
+	// RetryAfter is the Retry-After of a SHED that names no back-off of its
+	// own. Default DefaultRetryAfter. Sent in whole seconds, at least 1.
+	RetryAfter time.Duration
+	// CloneDeadline bounds a Clone whose request names no deadlineMs, and
+	// caps one that names a longer one. Default DefaultCloneDeadline.
+	CloneDeadline time.Duration
+	// ReapInterval is how often grants with a lapsed lease are yielded.
+	// Default DefaultReapInterval.
+	ReapInterval time.Duration
+
+	// Clock reads the time and drives the reaper. Default the real clock.
+	Clock clock.WithTicker
+	// Logger receives the agent's log lines. Default klog.Background().
+	Logger logr.Logger
+	// Registry is where the agent registers its metrics, and what GET
+	// /metrics serves. Default a new registry of the agent's own (never
+	// the global one).
+	Registry *prometheus.Registry
+
+	// AdminUnsafe enables the admin socket's test-only routes POST /issuer
+	// and POST /scope-lost (-admin-unsafe). Validate refuses it unless the
+	// binary was built with the testhooks tag (see TestHooks). Default
+	// false: the routes answer 403 (and without the tag do not exist).
+	AdminUnsafe bool
+}
+
+// withDefaults returns c with its zero fields defaulted. It does no I/O.
+func (c Config) withDefaults() Config {
+	if c.RunDir == "" && c.StateDir != "" {
+		c.RunDir = filepath.Join(c.StateDir, "run")
+	}
+	if c.Socket == "" && c.StateDir != "" {
+		c.Socket = filepath.Join(c.StateDir, "fiberd.sock")
+	}
+	if c.PortRange == (endpoint.PortRange{}) {
+		c.PortRange, _ = endpoint.ParsePortRange(DefaultPortRange)
+	}
+	if c.ThrashRate == 0 {
+		c.ThrashRate = DefaultThrashRate
+	}
+	if c.ThrashBurst == 0 {
+		c.ThrashBurst = DefaultThrashBurst
+	}
+	if c.RetryAfter == 0 {
+		c.RetryAfter = DefaultRetryAfter
+	}
+	if c.CloneDeadline == 0 {
+		c.CloneDeadline = DefaultCloneDeadline
+	}
+	if c.ReapInterval == 0 {
+		c.ReapInterval = DefaultReapInterval
+	}
+	if c.Clock == nil {
+		c.Clock = clock.RealClock{}
+	}
+	if c.Logger.GetSink() == nil {
+		c.Logger = klog.Background()
+	}
+	if c.Registry == nil {
+		c.Registry = prometheus.NewRegistry()
+	}
+	return c
+}
+
+// Validate reports the first field of c that is missing or wrong, after
+// defaults, and how to fix it. The error wraps core.ErrInvalid. It does no
+// I/O: files named by the TLS fields are read by New.
+func (c Config) Validate() error {
+	c = c.withDefaults()
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("fiberd config: "+format+": %w", append(args, core.ErrInvalid)...)
+	}
+	switch {
+	case c.Home == nil:
+		return bad("Home is nil: build a home (standalone or kubernetes) and pass it")
+	case c.Issuer == "":
+		return bad("Issuer is empty: set -issuer to the issuer URL grant tokens carry in iss")
+	case c.NodeID == "":
+		return bad("NodeID is empty: set -node-id to this home's node id (the aud of its grants)")
+	case c.Keys == nil:
+		return bad("Keys is nil: pass a *grant.Cache or a *grant.StaticKeys (-issuer-keys)")
+	case c.MaxLease < 0:
+		return bad("MaxLease %v is negative: use 0 for no limit", c.MaxLease)
+	case c.Templates == "":
+		return bad("Templates is empty: set -templates to the directory of template specs")
+	case c.Warm == nil && c.Basic == nil:
+		return bad("Warm and Basic are both nil: pass the proc and/or the exec backend")
+	case c.StateDir == "" || !filepath.IsAbs(c.StateDir):
+		return bad("StateDir %q is not an absolute path: set -state", c.StateDir)
+	case !filepath.IsAbs(c.RunDir):
+		return bad("RunDir %q is not an absolute path: set -run-dir", c.RunDir)
+	case c.Socket != "-" && !filepath.IsAbs(c.Socket):
+		return bad("Socket %q is not an absolute path: set -socket to one, or \"-\" for none", c.Socket)
+	case c.ThrashRate < 0:
+		return bad("ThrashRate %v is negative: use 0 for the default %d/s", c.ThrashRate, DefaultThrashRate)
+	case c.ThrashBurst < 0:
+		return bad("ThrashBurst %d is negative: use 0 for the default %d", c.ThrashBurst, DefaultThrashBurst)
+	case c.RetryAfter < 0:
+		return bad("RetryAfter %v is negative: use 0 for the default %v", c.RetryAfter, DefaultRetryAfter)
+	case c.CloneDeadline < 0:
+		return bad("CloneDeadline %v is negative: use 0 for the default %v", c.CloneDeadline, DefaultCloneDeadline)
+	case c.ReapInterval < 0:
+		return bad("ReapInterval %v is negative: use 0 for the default %v", c.ReapInterval, DefaultReapInterval)
+	case c.AdminUnsafe && !TestHooks:
+		return bad("AdminUnsafe is set but this binary was built without the testhooks tag: drop -admin-unsafe")
+	}
+	if c.EndpointFamily != endpoint.Unix {
+		if err := c.PortRange.Validate(); err != nil {
+			return bad("PortRange %v: %v: set -port-range to FIRST-LAST", c.PortRange, err)
+		}
+		if c.EndpointHost != "" {
+			ip := net.ParseIP(c.EndpointHost)
+			if ip == nil || (c.EndpointFamily == endpoint.Inet4) != (ip.To4() != nil) {
+				return bad("EndpointHost %q is not an IP of family %v: set -endpoint-host to one", c.EndpointHost, c.EndpointFamily)
+			}
+		}
+	}
+	tlsSet := 0
+	for _, f := range []string{c.TLSCert, c.TLSKey, c.ClientCA} {
+		if f != "" {
+			tlsSet++
+		}
+	}
+	if tlsSet != 0 && tlsSet != 3 {
+		return bad("TLSCert, TLSKey and ClientCA: %d of 3 set: set -tls-cert, -tls-key and -client-ca together, or none", tlsSet)
+	}
+	if c.Listen != "" {
+		host, _, err := net.SplitHostPort(c.Listen)
+		if err != nil {
+			return bad("Listen %q is not host:port: %v", c.Listen, err)
+		}
+		if tlsSet == 0 {
+			if !c.InsecurePlaintext {
+				return bad("Listen %q has no TLS: set -tls-cert, -tls-key and -client-ca, or -insecure-plaintext on a loopback address", c.Listen)
+			}
+			if !c.InsecureAllowNonLoopback && !isLoopback(host) {
+				return bad("Listen %q is plaintext on a non-loopback address: bind a loopback address, add TLS, or name it explicitly with InsecureAllowNonLoopback", c.Listen)
+			}
+		}
+	}
+	return nil
+}
+
+// isLoopback reports whether host (from host:port) is a loopback IP or
+// "localhost". An empty host is the wildcard, not loopback.
+func isLoopback(host string) bool {
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}

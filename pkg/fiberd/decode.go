@@ -1,0 +1,181 @@
+package fiberd
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"reflect"
+	"strings"
+
+	"fiberd.io/fiberd/pkg/api"
+	"fiberd.io/fiberd/pkg/core"
+)
+
+// errTooLarge is a request body over api.MaxRequestBody: 413.
+var errTooLarge = errors.New("request body too large")
+
+// readBody reads a request body of at most api.MaxRequestBody bytes. A
+// declared Content-Length over the cap is refused before a byte is read;
+// an undeclared one is cut by http.MaxBytesReader at the cap. Both wrap
+// errTooLarge.
+func readBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {
+	if r.ContentLength > api.MaxRequestBody {
+		return nil, fmt.Errorf("request body of %d bytes is over the limit of %d: %w", r.ContentLength, api.MaxRequestBody, errTooLarge)
+	}
+	body := http.MaxBytesReader(w, r.Body, api.MaxRequestBody)
+	b, err := io.ReadAll(body)
+	if err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			return nil, fmt.Errorf("request body is over the limit of %d bytes: %w", api.MaxRequestBody, errTooLarge)
+		}
+		return nil, fmt.Errorf("reading the request body: %v: %w", err, core.ErrInvalid)
+	}
+	return b, nil
+}
+
+// decodeStrict decodes data, one JSON object, into v, a pointer to a
+// struct. It is stricter than encoding/json: member names must match a
+// field's json name exactly (not case-insensitively) and appear once, at
+// every depth; unknown members and trailing data are refused. Errors wrap
+// core.ErrInvalid.
+func decodeStrict(data []byte, v any) error {
+	if err := checkMembers(data, reflect.TypeOf(v).Elem(), ""); err != nil {
+		return fmt.Errorf("request body: %v: %w", err, core.ErrInvalid)
+	}
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return fmt.Errorf("request body: %v: %w", err, core.ErrInvalid)
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return fmt.Errorf("request body: trailing data after the JSON object: %w", core.ErrInvalid)
+	}
+	return nil
+}
+
+// checkMembers walks the JSON value data against type t: for a struct
+// every member must be one of its json names, exactly and once, and is
+// checked against its field's type; slices and maps check their elements.
+// Other kinds are left to encoding/json.
+func checkMembers(data []byte, t reflect.Type, where string) error {
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	trimmed := bytes.TrimSpace(data)
+	if bytes.Equal(trimmed, []byte("null")) {
+		return nil
+	}
+	switch t.Kind() {
+	case reflect.Struct:
+		if t.PkgPath() == "time" { // time.Time decodes from a string
+			return nil
+		}
+		var m map[string]json.RawMessage
+		if err := json.Unmarshal(trimmed, &m); err != nil {
+			return fmt.Errorf("%s: want a JSON object", nameOr(where))
+		}
+		fields := jsonFields(t)
+		if err := noDuplicates(trimmed); err != nil {
+			return fmt.Errorf("%s: %v", nameOr(where), err)
+		}
+		for name, raw := range m {
+			ft, ok := fields[name]
+			if !ok {
+				return fmt.Errorf("%s: unknown member %q", nameOr(where), name)
+			}
+			if err := checkMembers(raw, ft, join(where, name)); err != nil {
+				return err
+			}
+		}
+	case reflect.Slice, reflect.Array:
+		if t.Elem().Kind() == reflect.Uint8 { // []byte is base64
+			return nil
+		}
+		var elems []json.RawMessage
+		if err := json.Unmarshal(trimmed, &elems); err != nil {
+			return fmt.Errorf("%s: want a JSON array", nameOr(where))
+		}
+		for i, e := range elems {
+			if err := checkMembers(e, t.Elem(), fmt.Sprintf("%s[%d]", where, i)); err != nil {
+				return err
+			}
+		}
+	case reflect.Map:
+		var m map[string]json.RawMessage
+		if err := json.Unmarshal(trimmed, &m); err != nil {
+			return fmt.Errorf("%s: want a JSON object", nameOr(where))
+		}
+		for k, e := range m {
+			if err := checkMembers(e, t.Elem(), join(where, k)); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// noDuplicates refuses an object whose top level names a member twice.
+func noDuplicates(obj []byte) error {
+	dec := json.NewDecoder(bytes.NewReader(obj))
+	if _, err := dec.Token(); err != nil { // '{'
+		return err
+	}
+	seen := map[string]bool{}
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return err
+		}
+		name, _ := tok.(string)
+		if seen[name] {
+			return fmt.Errorf("member %q appears twice", name)
+		}
+		seen[name] = true
+		var skip json.RawMessage
+		if err := dec.Decode(&skip); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// jsonFields maps a struct's json member names to their field types.
+func jsonFields(t reflect.Type) map[string]reflect.Type {
+	out := make(map[string]reflect.Type, t.NumField())
+	for i := 0; i < t.NumField(); i++ {
+		f := t.Field(i)
+		if !f.IsExported() {
+			continue
+		}
+		name := f.Name
+		if tag, ok := f.Tag.Lookup("json"); ok {
+			n, _, _ := strings.Cut(tag, ",")
+			if n == "-" {
+				continue
+			}
+			if n != "" {
+				name = n
+			}
+		}
+		out[name] = f.Type
+	}
+	return out
+}
+
+func join(where, name string) string {
+	if where == "" {
+		return name
+	}
+	return where + "." + name
+}
+
+func nameOr(where string) string {
+	if where == "" {
+		return "body"
+	}
+	return where
+}

@@ -1,0 +1,82 @@
+package fiberd
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Clone outcomes, the "outcome" label of fiberd_clones_total.
+const (
+	outcomeServed          = "served"
+	outcomeShed            = "shed"
+	outcomeDeferred        = "deferred_fallback"
+	outcomeTierGap         = "tier_gap"
+	outcomeInvalid         = "invalid"
+	outcomeUnauthenticated = "unauthenticated"
+	outcomeInternal        = "internal"
+)
+
+// metrics are the agent's Prometheus metrics, registered on Config.Registry.
+// Counters and the histogram are updated on the request path; the gauges are
+// read from the ledger and the home when scraped, so they never drift.
+type metrics struct {
+	clones  *prometheus.CounterVec
+	latency *prometheus.HistogramVec
+	state   *stateCollector
+}
+
+func newMetrics(reg prometheus.Registerer, a *Agent) (*metrics, error) {
+	m := &metrics{
+		clones: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "fiberd_clones_total",
+			Help: "Clone requests by kind (create, attach, none for refusals) and outcome (served, shed, deferred_fallback, tier_gap, invalid, unauthenticated, internal).",
+		}, []string{"kind", "outcome"}),
+		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "fiberd_clone_duration_seconds",
+			Help:    "Time from a Clone request's arrival to its answer, by kind and outcome.",
+			Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10},
+		}, []string{"kind", "outcome"}),
+		state: &stateCollector{
+			a:       a,
+			running: prometheus.NewDesc("fiberd_running_fibers", "Running fibers per admitted grant.", []string{"grant"}, nil),
+			warm:    prometheus.NewDesc("fiberd_warm_templates", "Admitted grants whose template is warm.", nil, nil),
+			epoch:   prometheus.NewDesc("fiberd_epoch", "The agent's epoch.", nil, nil),
+			lane:    prometheus.NewDesc("fiberd_lane_healthy", "1 while the home's control plane counts as reachable, else 0.", nil, nil),
+		},
+	}
+	for _, c := range []prometheus.Collector{m.clones, m.latency, m.state} {
+		if err := reg.Register(c); err != nil {
+			return nil, err
+		}
+	}
+	return m, nil
+}
+
+// stateCollector reads the gauges from the agent when scraped.
+type stateCollector struct {
+	a                          *Agent
+	running, warm, epoch, lane *prometheus.Desc
+}
+
+func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.running
+	ch <- c.warm
+	ch <- c.epoch
+	ch <- c.lane
+}
+
+func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
+	warm := 0
+	for _, st := range c.a.ledger.Snapshot() {
+		ch <- prometheus.MustNewConstMetric(c.running, prometheus.GaugeValue, float64(len(st.Running)), st.Grant.UID)
+		if c.a.isWarm(st.Grant.UID) {
+			warm++
+		}
+	}
+	ch <- prometheus.MustNewConstMetric(c.warm, prometheus.GaugeValue, float64(warm))
+	ch <- prometheus.MustNewConstMetric(c.epoch, prometheus.GaugeValue, float64(c.a.ledger.Epoch()))
+	lane := 0.0
+	if c.a.cfg.Home.Health().Healthy() {
+		lane = 1
+	}
+	ch <- prometheus.MustNewConstMetric(c.lane, prometheus.GaugeValue, lane)
+}

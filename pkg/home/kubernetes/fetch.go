@@ -1,0 +1,279 @@
+package kubernetes
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/go-logr/logr"
+	"k8s.io/utils/clock"
+
+	"fiberd.io/fiberd/pkg/core"
+)
+
+// maxTokenSize caps a grant token, and so the body of a grant fetch: 8 KiB,
+// the limit every grant token obeys.
+const maxTokenSize = 8 << 10
+
+// maxSATokenSize caps the service-account token file read per request.
+const maxSATokenSize = 64 << 10
+
+// Backoff of the grant fetch: the first retry waits fetchBackoffMin, each
+// next one twice as long, never more than fetchBackoffMax.
+const (
+	fetchBackoffMin = 500 * time.Millisecond
+	fetchBackoffMax = 30 * time.Second
+	// fetchRequestTimeout bounds one request of the grant fetch.
+	fetchRequestTimeout = 30 * time.Second
+)
+
+// errNotYet is a 404 from the controller: it has no grant for this Pod yet.
+var errNotYet = errors.New("the controller has no grant for this Pod yet (404)")
+
+// fetcher gets the Pod's grant from the controller and writes it into the
+// grants directory.
+type fetcher struct {
+	url       string // <GrantIssuerURL>/v1/grant
+	tokenFile string
+	path      string // GrantsDir/<PodUID>.jwt
+	client    *http.Client
+	transport *http.Transport
+}
+
+// newFetcher builds the fetcher of cfg, loading GrantCAFile.
+func newFetcher(cfg Config) (*fetcher, error) {
+	tlsCfg := &tls.Config{MinVersion: tls.VersionTLS12}
+	if cfg.GrantCAFile != "" {
+		pem, err := os.ReadFile(cfg.GrantCAFile)
+		if err != nil {
+			return nil, fmt.Errorf("kubernetes home: GrantCAFile %s: %w: mount the controller's CA bundle there, or leave GrantCAFile empty for the system roots", cfg.GrantCAFile, err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("kubernetes home: GrantCAFile %s holds no PEM certificate: give a PEM CA bundle", cfg.GrantCAFile)
+		}
+		tlsCfg.RootCAs = pool
+	}
+	tr := &http.Transport{
+		Proxy:               http.ProxyFromEnvironment,
+		TLSClientConfig:     tlsCfg,
+		TLSHandshakeTimeout: 10 * time.Second,
+		ForceAttemptHTTP2:   true,
+		MaxIdleConns:        1,
+		IdleConnTimeout:     90 * time.Second,
+	}
+	client := &http.Client{
+		Transport: tr,
+		Timeout:   fetchRequestTimeout,
+		CheckRedirect: func(req *http.Request, via []*http.Request) error {
+			if req.URL.Scheme != "https" {
+				return fmt.Errorf("redirect to %s refused: the grant fetch is https only", req.URL.Redacted())
+			}
+			if len(via) >= 5 {
+				return errors.New("too many redirects")
+			}
+			return nil
+		},
+	}
+	return &fetcher{
+		url:       strings.TrimRight(cfg.GrantIssuerURL, "/") + "/v1/grant",
+		tokenFile: cfg.GrantTokenFile,
+		path:      filepath.Join(cfg.GrantsDir, cfg.PodUID+".jwt"),
+		client:    client,
+		transport: tr,
+	}, nil
+}
+
+// fetch asks the controller once for the Pod's grant. It returns the token
+// and its claims; it writes nothing.
+func (f *fetcher) fetch(ctx context.Context) ([]byte, tokenClaims, error) {
+	sa, err := readBounded(f.tokenFile, maxSATokenSize)
+	if err != nil {
+		return nil, tokenClaims{}, fmt.Errorf("service-account token %s: %w", f.tokenFile, err)
+	}
+	sa = bytes.TrimSpace(sa)
+	if len(sa) == 0 {
+		return nil, tokenClaims{}, fmt.Errorf("service-account token %s is empty", f.tokenFile)
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, f.url, nil)
+	if err != nil {
+		return nil, tokenClaims{}, err
+	}
+	req.Header.Set("Authorization", "Bearer "+string(sa))
+	req.Header.Set("Accept", "application/jwt")
+	resp, err := f.client.Do(req)
+	if err != nil {
+		return nil, tokenClaims{}, err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, maxTokenSize+1))
+	if err != nil {
+		return nil, tokenClaims{}, fmt.Errorf("GET %s: reading the body: %w", f.url, err)
+	}
+	switch resp.StatusCode {
+	case http.StatusOK:
+	case http.StatusNotFound:
+		return nil, tokenClaims{}, errNotYet
+	case http.StatusUnauthorized, http.StatusForbidden:
+		return nil, tokenClaims{}, fmt.Errorf("GET %s: refused (%s): %s", f.url, resp.Status, firstLine(body))
+	default:
+		return nil, tokenClaims{}, fmt.Errorf("GET %s: %s: %s", f.url, resp.Status, firstLine(body))
+	}
+	if len(body) > maxTokenSize {
+		return nil, tokenClaims{}, fmt.Errorf("GET %s: the grant is larger than %d bytes", f.url, maxTokenSize)
+	}
+	token := bytes.TrimSpace(body)
+	claims, err := peekClaims(token)
+	if err != nil {
+		return nil, tokenClaims{}, fmt.Errorf("GET %s: the answer is not a grant: %w", f.url, err)
+	}
+	return token, claims, nil
+}
+
+// write stores token atomically as GrantsDir/<PodUID>.jwt, mode 0600.
+func (f *fetcher) write(token []byte) error {
+	if err := core.WriteFileAtomic(f.path, token, 0o600); err != nil {
+		return fmt.Errorf("grant file %s: %w", f.path, err)
+	}
+	return nil
+}
+
+// fetchUntil fetches and writes the grant, retrying with backoff until it
+// lands, ctx ends, or the clock passes deadline (zero: no deadline). accept,
+// when set, refuses a grant that landed but must not be kept (a renewal
+// that renews nothing); it is retried like a failure. Every failure is
+// logged: a 404 at V(1), other failures as errors.
+func (f *fetcher) fetchUntil(ctx context.Context, clk clock.Clock, log logr.Logger, deadline time.Time, accept func(tokenClaims) error) ([]byte, tokenClaims, error) {
+	backoff := fetchBackoffMin
+	for {
+		token, claims, err := f.fetch(ctx)
+		if err == nil && accept != nil {
+			err = accept(claims)
+		}
+		if err == nil {
+			if err = f.write(token); err == nil {
+				return token, claims, nil
+			}
+		}
+		if ctx.Err() != nil {
+			return nil, tokenClaims{}, context.Cause(ctx)
+		}
+		wait := backoff
+		if !deadline.IsZero() {
+			left := deadline.Sub(clk.Now())
+			if left <= 0 {
+				return nil, tokenClaims{}, err
+			}
+			wait = min(wait, left)
+		}
+		if errors.Is(err, errNotYet) {
+			log.V(1).Info("No grant for this Pod yet; retrying", "url", f.url, "retryIn", wait)
+		} else {
+			log.Error(err, "Grant fetch failed; retrying", "url", f.url, "retryIn", wait)
+		}
+		t := clk.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil, tokenClaims{}, context.Cause(ctx)
+		case <-t.C():
+		}
+		backoff = min(2*backoff, fetchBackoffMax)
+	}
+}
+
+// tokenClaims is what the home reads of a grant token without verifying
+// it: the UID and the lease.
+type tokenClaims struct {
+	UID      string
+	IssuedAt time.Time
+	Expiry   time.Time
+}
+
+// renewAt is halfway through the lease.
+func (c tokenClaims) renewAt() time.Time {
+	return core.Grant{IssuedAt: c.IssuedAt, Expiry: c.Expiry}.RenewAt()
+}
+
+// peekClaims reads jti, iat and exp from a compact JWT without checking
+// its signature; the agent verifies every token it admits. It refuses a
+// token over maxTokenSize, one that is not three dot-separated parts, and
+// one whose exp is missing or not after iat.
+func peekClaims(token []byte) (tokenClaims, error) {
+	if len(token) > maxTokenSize {
+		return tokenClaims{}, fmt.Errorf("token of %d bytes is over the %d-byte limit", len(token), maxTokenSize)
+	}
+	parts := bytes.Split(token, []byte("."))
+	if len(parts) != 3 {
+		return tokenClaims{}, errors.New("token is not a compact JWS (three dot-separated parts)")
+	}
+	payload := make([]byte, base64.RawURLEncoding.DecodedLen(len(parts[1])))
+	n, err := base64.RawURLEncoding.Decode(payload, parts[1])
+	if err != nil {
+		return tokenClaims{}, fmt.Errorf("token payload: %w", err)
+	}
+	var c struct {
+		JTI string   `json:"jti"`
+		IAT *float64 `json:"iat"`
+		EXP *float64 `json:"exp"`
+	}
+	if err := json.Unmarshal(payload[:n], &c); err != nil {
+		return tokenClaims{}, fmt.Errorf("token payload: %w", err)
+	}
+	if c.EXP == nil || c.IAT == nil {
+		return tokenClaims{}, errors.New("token has no iat or exp")
+	}
+	const maxUnix = 1 << 40 // far beyond any lease, and within time.Time
+	if *c.IAT < 0 || *c.EXP < 0 || *c.IAT > maxUnix || *c.EXP > maxUnix {
+		return tokenClaims{}, errors.New("token iat or exp out of range")
+	}
+	iat, exp := time.Unix(int64(*c.IAT), 0), time.Unix(int64(*c.EXP), 0)
+	if !exp.After(iat) {
+		return tokenClaims{}, errors.New("token exp is not after iat")
+	}
+	return tokenClaims{UID: c.JTI, IssuedAt: iat, Expiry: exp}, nil
+}
+
+// readBounded reads at most limit bytes of path, and fails on a larger file.
+func readBounded(path string, limit int64) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, limit+1))
+	if err != nil {
+		return nil, err
+	}
+	if int64(len(b)) > limit {
+		return nil, fmt.Errorf("larger than %d bytes", limit)
+	}
+	return b, nil
+}
+
+// firstLine is the first line of an error body, bounded, for logs.
+func firstLine(body []byte) string {
+	sc := bufio.NewScanner(bytes.NewReader(body))
+	if sc.Scan() {
+		s := strings.TrimSpace(sc.Text())
+		if len(s) > 200 {
+			s = s[:200] + "..."
+		}
+		if s != "" {
+			return s
+		}
+	}
+	return "(no body)"
+}

@@ -1,0 +1,133 @@
+package kubernetes
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/metadata"
+	"k8s.io/client-go/rest"
+)
+
+// ErrNoResourceClaims is what GetResourceClaim returns when the cluster
+// serves no resource.k8s.io group, so no ResourceClaim can be read.
+var ErrNoResourceClaims = errors.New("the cluster serves no resource.k8s.io API")
+
+// Kube is the slice of the Kubernetes API the home touches. NewKube serves
+// it from a cluster, and fake.Kube from memory.
+//
+// A Pod, Namespace or ResourceClaim that does not exist is an error for
+// which apierrors.IsNotFound (k8s.io/apimachinery/pkg/api/errors) is true.
+type Kube interface {
+	// GetPod reads one Pod.
+	GetPod(ctx context.Context, namespace, name string) (*corev1.Pod, error)
+	// GetNamespace reads one Namespace.
+	GetNamespace(ctx context.Context, name string) (*corev1.Namespace, error)
+	// GetResourceClaim reads the metadata of one ResourceClaim, which is
+	// all the home needs from it. It returns ErrNoResourceClaims when the
+	// cluster serves no resource.k8s.io group.
+	GetResourceClaim(ctx context.Context, namespace, name string) (*metav1.PartialObjectMetadata, error)
+	// PatchPodStatus applies a strategic merge patch to the Pod's status
+	// subresource.
+	PatchPodStatus(ctx context.Context, namespace, name string, patch []byte) error
+}
+
+// resourceGroup is the API group of ResourceClaims.
+const resourceGroup = "resource.k8s.io"
+
+// resourceVersions are the resource.k8s.io versions NewKube reads claims
+// at, most preferred first.
+var resourceVersions = []string{"v1", "v1beta2", "v1beta1"}
+
+// NewKube connects to the cluster cfg names and discovers which
+// resource.k8s.io version it serves. A cluster without that group still
+// works, and GetResourceClaim then returns ErrNoResourceClaims.
+//
+// Pods, Namespaces and the status patch go through the typed clientset,
+// ResourceClaims through the metadata client at the first of v1, v1beta2
+// and v1beta1 the cluster serves. ctx bounds the discovery request. NewKube
+// fails when cfg is unusable or discovery fails for another reason than
+// the group being absent.
+func NewKube(ctx context.Context, cfg *rest.Config) (Kube, error) {
+	if cfg == nil {
+		return nil, errors.New("kubernetes: NewKube: rest config is nil: build one with rest.InClusterConfig or clientcmd")
+	}
+	cs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes: clientset for %s: %w", cfg.Host, err)
+	}
+	md, err := metadata.NewForConfig(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes: metadata client for %s: %w", cfg.Host, err)
+	}
+	k := &kube{cs: cs, md: md}
+	version, err := discoverResourceVersion(ctx, cs.Discovery().RESTClient())
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes: discovering %s at %s: %w", resourceGroup, cfg.Host, err)
+	}
+	if version != "" {
+		k.claims = &schema.GroupVersionResource{Group: resourceGroup, Version: version, Resource: "resourceclaims"}
+	}
+	return k, nil
+}
+
+// discoverResourceVersion asks the API server which versions of
+// resource.k8s.io it serves and returns the preferred one of ours, "" when
+// the group is absent or serves none of ours.
+func discoverResourceVersion(ctx context.Context, rc rest.Interface) (string, error) {
+	raw, err := rc.Get().AbsPath("/apis", resourceGroup).SetHeader("Accept", "application/json").Do(ctx).Raw()
+	if apierrors.IsNotFound(err) {
+		return "", nil
+	}
+	if err != nil {
+		return "", err
+	}
+	var g metav1.APIGroup
+	if err := json.Unmarshal(raw, &g); err != nil {
+		return "", fmt.Errorf("decoding the APIGroup: %w", err)
+	}
+	served := make(map[string]bool, len(g.Versions))
+	for _, v := range g.Versions {
+		served[v.Version] = true
+	}
+	for _, v := range resourceVersions {
+		if served[v] {
+			return v, nil
+		}
+	}
+	return "", nil
+}
+
+// kube is Kube served by client-go.
+type kube struct {
+	cs     kubernetes.Interface
+	md     metadata.Interface
+	claims *schema.GroupVersionResource // nil: no resource.k8s.io
+}
+
+func (k *kube) GetPod(ctx context.Context, namespace, name string) (*corev1.Pod, error) {
+	return k.cs.CoreV1().Pods(namespace).Get(ctx, name, metav1.GetOptions{})
+}
+
+func (k *kube) GetNamespace(ctx context.Context, name string) (*corev1.Namespace, error) {
+	return k.cs.CoreV1().Namespaces().Get(ctx, name, metav1.GetOptions{})
+}
+
+func (k *kube) GetResourceClaim(ctx context.Context, namespace, name string) (*metav1.PartialObjectMetadata, error) {
+	if k.claims == nil {
+		return nil, ErrNoResourceClaims
+	}
+	return k.md.Resource(*k.claims).Namespace(namespace).Get(ctx, name, metav1.GetOptions{})
+}
+
+func (k *kube) PatchPodStatus(ctx context.Context, namespace, name string, patch []byte) error {
+	_, err := k.cs.CoreV1().Pods(namespace).Patch(ctx, name, types.StrategicMergePatchType, patch, metav1.PatchOptions{}, "status")
+	return err
+}

@@ -1,0 +1,387 @@
+/* fiberzygote: see fiberzygote.h for the protocol. */
+#define _GNU_SOURCE
+#include "fiberzygote.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/signalfd.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define FZ_MSG_MAX 16384 /* a CLONE carries at most 4096 payload bytes as hex */
+#define FZ_FENCE_MAX 255
+#define FZ_MAX_FDS 4
+
+struct fz_child {
+	pid_t pid;
+	char fence[FZ_FENCE_MAX + 1];
+};
+
+struct fz_state {
+	int ctl;
+	int sfd;
+	sigset_t oldmask;
+	struct fz_child *kids;
+	size_t nkids, capkids;
+};
+
+static void fz_log(const char *fmt, const char *a, const char *b)
+{
+	fprintf(stderr, "fiberzygote: ");
+	fprintf(stderr, fmt, a, b);
+	fputc('\n', stderr);
+}
+
+static int fz_send(struct fz_state *st, const char *msg)
+{
+	ssize_t n;
+	do {
+		n = send(st->ctl, msg, strlen(msg), MSG_NOSIGNAL);
+	} while (n < 0 && errno == EINTR);
+	return n < 0 ? -1 : 0;
+}
+
+static const char *fz_signame(int sig, char *buf, size_t len)
+{
+	static const struct { int sig; const char *name; } names[] = {
+		{SIGHUP, "SIGHUP"}, {SIGINT, "SIGINT"}, {SIGQUIT, "SIGQUIT"},
+		{SIGILL, "SIGILL"}, {SIGTRAP, "SIGTRAP"}, {SIGABRT, "SIGABRT"},
+		{SIGBUS, "SIGBUS"}, {SIGFPE, "SIGFPE"}, {SIGKILL, "SIGKILL"},
+		{SIGUSR1, "SIGUSR1"}, {SIGSEGV, "SIGSEGV"}, {SIGUSR2, "SIGUSR2"},
+		{SIGPIPE, "SIGPIPE"}, {SIGALRM, "SIGALRM"}, {SIGTERM, "SIGTERM"},
+		{SIGXCPU, "SIGXCPU"}, {SIGXFSZ, "SIGXFSZ"}, {SIGSYS, "SIGSYS"},
+	};
+	for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
+		if (names[i].sig == sig)
+			return names[i].name;
+	snprintf(buf, len, "SIG%d", sig);
+	return buf;
+}
+
+static int fz_add_kid(struct fz_state *st, pid_t pid, const char *fence)
+{
+	if (st->nkids == st->capkids) {
+		size_t cap = st->capkids ? st->capkids * 2 : 64;
+		struct fz_child *k = realloc(st->kids, cap * sizeof(*k));
+		if (!k)
+			return -1;
+		st->kids = k;
+		st->capkids = cap;
+	}
+	st->kids[st->nkids].pid = pid;
+	snprintf(st->kids[st->nkids].fence, sizeof(st->kids[st->nkids].fence), "%s", fence);
+	st->nkids++;
+	return 0;
+}
+
+/* Reap every child that has ended and report the ones that were fibers. */
+static int fz_reap(struct fz_state *st, int block)
+{
+	int status;
+	pid_t pid;
+	while ((pid = waitpid(-1, &status, block ? 0 : WNOHANG)) > 0) {
+		for (size_t i = 0; i < st->nkids; i++) {
+			if (st->kids[i].pid != pid)
+				continue;
+			char msg[FZ_FENCE_MAX + 64], sb[16];
+			if (WIFSIGNALED(status))
+				snprintf(msg, sizeof(msg), "EXITED %s signal:%s", st->kids[i].fence,
+					 fz_signame(WTERMSIG(status), sb, sizeof(sb)));
+			else
+				snprintf(msg, sizeof(msg), "EXITED %s exit:%d", st->kids[i].fence,
+					 WEXITSTATUS(status));
+			st->kids[i] = st->kids[--st->nkids];
+			if (st->ctl >= 0 && fz_send(st, msg) < 0)
+				return -1;
+			break;
+		}
+		if (block && st->nkids == 0)
+			break;
+	}
+	return 0;
+}
+
+static int fz_unhex(const char *s, unsigned char **out, size_t *outlen)
+{
+	size_t n = strlen(s);
+	*out = NULL;
+	*outlen = 0;
+	if (strcmp(s, "-") == 0)
+		return 0;
+	if (n == 0 || n % 2)
+		return -1;
+	unsigned char *b = malloc(n / 2);
+	if (!b)
+		return -1;
+	for (size_t i = 0; i < n / 2; i++) {
+		unsigned int v;
+		char pair[3] = {s[2 * i], s[2 * i + 1], 0};
+		char *end;
+		if (!strchr("0123456789abcdefABCDEF", pair[0]) || !strchr("0123456789abcdefABCDEF", pair[1]) || !pair[0] || !pair[1]) {
+			free(b);
+			return -1;
+		}
+		v = (unsigned int)strtoul(pair, &end, 16);
+		b[i] = (unsigned char)v;
+	}
+	*out = b;
+	*outlen = n / 2;
+	return 0;
+}
+
+static void fz_refuse(struct fz_state *st, const char *fence, const char *why)
+{
+	char msg[FZ_FENCE_MAX + 512];
+	snprintf(msg, sizeof(msg), "ERROR %s %s", fence, why);
+	fz_send(st, msg);
+}
+
+/* In the child: the set-up that must happen before user code. Returns 0 or an errno. */
+static int fz_child_setup(struct fz_state *st, int listen_fd, int leaf_fd, const char *fence, const char *hex)
+{
+	char buf[32];
+	if (setsid() < 0)
+		return errno;
+	if (leaf_fd >= 0) {
+		int f = openat(leaf_fd, "cgroup.procs", O_WRONLY | O_CLOEXEC);
+		if (f < 0)
+			return errno;
+		if (write(f, "0", 1) != 1) {
+			int e = errno;
+			close(f);
+			return e;
+		}
+		close(f);
+		close(leaf_fd);
+	}
+	close(st->sfd);
+	if (st->ctl != FZ_LISTEN_FD)
+		close(st->ctl);
+	if (listen_fd != FZ_LISTEN_FD) {
+		if (dup2(listen_fd, FZ_LISTEN_FD) < 0) /* replaces the control socket when it is 3 */
+			return errno;
+		close(listen_fd);
+	} else if (fcntl(FZ_LISTEN_FD, F_SETFD, 0) < 0) {
+		return errno;
+	}
+	st->ctl = -1;
+	snprintf(buf, sizeof(buf), "%d", (int)getpid());
+	if (setenv("LISTEN_FDS", "1", 1) || setenv("LISTEN_PID", buf, 1) || setenv("FIBERD_FENCE", fence, 1))
+		return errno;
+	if (strcmp(hex, "-") == 0)
+		unsetenv("FIBERD_PAYLOAD");
+	else if (setenv("FIBERD_PAYLOAD", hex, 1))
+		return errno;
+	if (sigprocmask(SIG_SETMASK, &st->oldmask, NULL) < 0)
+		return errno;
+	return 0;
+}
+
+static void fz_clone(struct fz_state *st, char *args, int *fds, int nfds, fz_fiber_fn on_fiber, void *arg)
+{
+	char *fence = strtok(args, " ");
+	char *hex = strtok(NULL, " ");
+	char *extra = strtok(NULL, " ");
+	unsigned char *payload = NULL;
+	size_t plen = 0;
+	int sync[2] = {-1, -1};
+	char why[256];
+
+	if (!fence || strlen(fence) > FZ_FENCE_MAX) {
+		fz_log("%s%s", "CLONE without a usable fence; ignored", "");
+		goto out;
+	}
+	if (!hex || extra) {
+		fz_refuse(st, fence, "malformed CLONE: want CLONE <fence> <payload-hex|->");
+		goto out;
+	}
+	if (nfds < 1 || nfds > 2) {
+		fz_refuse(st, fence, "CLONE must carry the listener and at most a leaf cgroup descriptor");
+		goto out;
+	}
+	if (fz_unhex(hex, &payload, &plen) < 0) {
+		fz_refuse(st, fence, "payload is not hex");
+		goto out;
+	}
+	if (pipe2(sync, O_CLOEXEC) < 0) {
+		snprintf(why, sizeof(why), "pipe: %s", strerror(errno));
+		fz_refuse(st, fence, why);
+		goto out;
+	}
+	fflush(NULL);
+	pid_t pid = fork();
+	if (pid < 0) {
+		snprintf(why, sizeof(why), "fork: %s", strerror(errno));
+		fz_refuse(st, fence, why);
+		goto out;
+	}
+	if (pid == 0) {
+		close(sync[0]);
+		int e = fz_child_setup(st, fds[0], nfds > 1 ? fds[1] : -1, fence, hex);
+		unsigned char rep[1 + sizeof(int)] = {0};
+		if (e) {
+			rep[0] = 1;
+			memcpy(rep + 1, &e, sizeof(int));
+		}
+		if (write(sync[1], rep, sizeof(rep)) < 0) { /* the zygote is gone; nothing to report */ }
+		close(sync[1]);
+		if (e)
+			_exit(127);
+		struct fz_fiber f = {.fence = fence, .payload = payload, .payload_len = plen, .listen_fd = FZ_LISTEN_FD};
+		exit(on_fiber(&f, arg) & 0xff);
+	}
+	close(sync[1]);
+	sync[1] = -1;
+	unsigned char rep[1 + sizeof(int)];
+	ssize_t n;
+	do {
+		n = read(sync[0], rep, sizeof(rep));
+	} while (n < 0 && errno == EINTR);
+	if (n != (ssize_t)sizeof(rep) || rep[0] != 0) {
+		int e = 0;
+		if (n == (ssize_t)sizeof(rep))
+			memcpy(&e, rep + 1, sizeof(int));
+		snprintf(why, sizeof(why), "fiber set-up failed (new session, cgroup entry, descriptor 3): %s",
+			 e ? strerror(e) : "child died");
+		waitpid(pid, NULL, 0);
+		fz_refuse(st, fence, why);
+		goto out;
+	}
+	if (fz_add_kid(st, pid, fence) < 0) {
+		kill(-pid, SIGKILL);
+		waitpid(pid, NULL, 0);
+		fz_refuse(st, fence, "out of memory");
+		goto out;
+	}
+	snprintf(why, sizeof(why), "CLONED %s %d", fence, (int)pid);
+	fz_send(st, why);
+out:
+	if (sync[0] >= 0)
+		close(sync[0]);
+	if (sync[1] >= 0)
+		close(sync[1]);
+	for (int i = 0; i < nfds; i++)
+		close(fds[i]);
+	free(payload);
+}
+
+int fz_socket_activated(void)
+{
+	const char *fds = getenv("LISTEN_FDS"), *pid = getenv("LISTEN_PID");
+	return fds && pid && strcmp(fds, "1") == 0 && atol(pid) == (long)getpid();
+}
+
+int fz_serve(int control_fd, fz_fiber_fn on_fiber, void *arg)
+{
+	struct fz_state st = {.ctl = control_fd, .sfd = -1};
+	struct stat sb;
+	int type = 0, domain = 0;
+	socklen_t len = sizeof(int);
+	char dbuf[32];
+
+	snprintf(dbuf, sizeof(dbuf), "%d", control_fd);
+	if (fstat(control_fd, &sb) < 0 || !S_ISSOCK(sb.st_mode) ||
+	    getsockopt(control_fd, SOL_SOCKET, SO_TYPE, &type, &len) < 0 || type != SOCK_SEQPACKET ||
+	    (len = sizeof(int), getsockopt(control_fd, SOL_SOCKET, SO_DOMAIN, &domain, &len) < 0) || domain != AF_UNIX) {
+		fz_log("descriptor %s is not fiberd's control socket (a unix SOCK_SEQPACKET socket)%s; refusing to serve",
+		       dbuf, "; start this template from fiberd, or with LISTEN_FDS for a cold start");
+		errno = ENOTSOCK;
+		return -1;
+	}
+	if (fcntl(control_fd, F_SETFD, FD_CLOEXEC) < 0)
+		return -1;
+
+	sigset_t chld;
+	sigemptyset(&chld);
+	sigaddset(&chld, SIGCHLD);
+	if (sigprocmask(SIG_BLOCK, &chld, &st.oldmask) < 0)
+		return -1;
+	st.sfd = signalfd(-1, &chld, SFD_CLOEXEC | SFD_NONBLOCK);
+	if (st.sfd < 0)
+		return -1;
+
+	if (fz_send(&st, "READY") < 0) {
+		fz_log("%s%s", "cannot say READY on the control socket: ", strerror(errno));
+		close(st.sfd);
+		return -1;
+	}
+
+	static char msg[FZ_MSG_MAX + 1];
+	for (;;) {
+		struct pollfd p[2] = {{.fd = st.ctl, .events = POLLIN}, {.fd = st.sfd, .events = POLLIN}};
+		if (poll(p, 2, -1) < 0) {
+			if (errno == EINTR)
+				continue;
+			break;
+		}
+		if (p[1].revents & POLLIN) {
+			struct signalfd_siginfo si;
+			while (read(st.sfd, &si, sizeof(si)) > 0) {
+			}
+			if (fz_reap(&st, 0) < 0)
+				break;
+		}
+		if (!(p[0].revents & (POLLIN | POLLHUP | POLLERR)))
+			continue;
+
+		union {
+			char buf[CMSG_SPACE(sizeof(int) * FZ_MAX_FDS)];
+			struct cmsghdr align;
+		} cm;
+		struct iovec iov = {.iov_base = msg, .iov_len = FZ_MSG_MAX};
+		struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cm.buf, .msg_controllen = sizeof(cm.buf)};
+		ssize_t n = recvmsg(st.ctl, &mh, MSG_CMSG_CLOEXEC);
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0)
+			break; /* fiberd closed the control socket, or it failed */
+
+		int fds[FZ_MAX_FDS], nfds = 0;
+		for (struct cmsghdr *c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c)) {
+			if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
+				continue;
+			int k = (int)((c->cmsg_len - CMSG_LEN(0)) / sizeof(int));
+			int *in = (int *)CMSG_DATA(c);
+			for (int i = 0; i < k; i++) {
+				if (nfds < FZ_MAX_FDS)
+					fds[nfds++] = in[i];
+				else
+					close(in[i]);
+			}
+		}
+		msg[n] = 0;
+		if ((mh.msg_flags & MSG_TRUNC) || memchr(msg, 0, (size_t)n)) {
+			fz_log("%s%s", "control message truncated or holds NUL; ignored", "");
+			for (int i = 0; i < nfds; i++)
+				close(fds[i]);
+			continue;
+		}
+		if (strncmp(msg, "CLONE ", 6) == 0) {
+			fz_clone(&st, msg + 6, fds, nfds, on_fiber, arg);
+		} else {
+			fz_log("unknown control message %.32s%s; ignored", msg, "");
+			for (int i = 0; i < nfds; i++)
+				close(fds[i]);
+		}
+	}
+
+	/* fiberd is gone: end every fiber, reap them, and return. */
+	close(st.ctl);
+	st.ctl = -1;
+	for (size_t i = 0; i < st.nkids; i++)
+		kill(-st.kids[i].pid, SIGKILL), kill(st.kids[i].pid, SIGKILL);
+	if (st.nkids)
+		fz_reap(&st, 1);
+	close(st.sfd);
+	free(st.kids);
+	sigprocmask(SIG_SETMASK, &st.oldmask, NULL);
+	return 0;
+}
