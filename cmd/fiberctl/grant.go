@@ -92,17 +92,19 @@ func grantKeygen(args []string, e env) int {
 	if err != nil {
 		return failure(fs, err)
 	}
+	// The private key first: a public JWKS without its private key would
+	// publish a key nobody can sign with.
+	if err := grant.WriteKeyFile(*out, key); err != nil {
+		return failure(fs, err)
+	}
 	if *jwksOut != "" {
 		jwks, err := grant.PublicJWKS(key)
 		if err != nil {
 			return failure(fs, err)
 		}
-		if err := grant.WriteFileAtomic(*jwksOut, append(jwks, '\n'), 0o644); err != nil {
+		if err := core.WriteFileAtomic(*jwksOut, append(jwks, '\n'), 0o644); err != nil {
 			return failure(fs, err)
 		}
-	}
-	if err := grant.WriteKeyFile(*out, key); err != nil {
-		return failure(fs, err)
 	}
 	fmt.Fprintf(e.stdout, "kid %s\n", key.KeyID)
 	return exitOK

@@ -19,7 +19,7 @@ type fiber struct {
 	leaf  string // "" = none: the fiber is killed by process group
 
 	killed atomic.Bool   // set by Kill or Stop before the kill is sent
-	silent bool          // a fiber whose Clone was abandoned: no Exit
+	silent atomic.Bool   // a fiber whose Clone was abandoned: no Exit
 	done   chan struct{} // closed once it is gone, its leaf removed and its Exit queued
 }
 
@@ -71,7 +71,7 @@ func (c *common) finish(f *fiber, r ExitReason) {
 		// The pid was reaped, but the group lives on while a member does.
 		_ = syscall.Kill(-f.pid, syscall.SIGKILL)
 	}
-	if !f.silent {
+	if !f.silent.Load() {
 		c.exits.push(Exit{GrantUID: f.fence.GrantUID, Fence: f.fence, Reason: r})
 	}
 	c.log.V(2).Info("Fiber ended", "fence", f.fence.String(), "pid", f.pid, "reason", r.String())

@@ -114,7 +114,12 @@ func trunc(s string) string {
 // keeps the last value of a repeated key).
 func fiberdEnv(path string, req WarmRequest) []string {
 	env := []string{"PATH=" + path}
-	env = append(env, req.Spec.EnvList()...)
+	for _, kv := range req.Spec.EnvList() {
+		if strings.HasPrefix(kv, "FIBERD_") || strings.HasPrefix(kv, "LISTEN_") {
+			continue // fiberd's to set
+		}
+		env = append(env, kv)
+	}
 	return append(env,
 		"FIBERD_GRANT_UID="+req.Grant.UID,
 		"FIBERD_DEVICES="+strings.Join(req.Devices.Devices, ","),

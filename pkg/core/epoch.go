@@ -97,7 +97,14 @@ func (s *EpochStore) persist(n uint64) error {
 // or the new, never a part: a temporary file in the same directory, synced,
 // renamed over path, and the directory synced. On any error the temporary
 // file is removed and path is left as it was.
-func WriteFileAtomic(path string, data []byte, perm os.FileMode) (err error) {
+func WriteFileAtomic(path string, data []byte, perm os.FileMode) error {
+	if err := writeFileAtomic(path, data, perm); err != nil {
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	return nil
+}
+
+func writeFileAtomic(path string, data []byte, perm os.FileMode) (err error) {
 	dir := filepath.Dir(path)
 	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp-*")
 	if err != nil {

@@ -151,3 +151,25 @@ func TestWriteFileAtomicReplaces(t *testing.T) {
 		t.Fatalf("content %q mode %v; want two, 0644", b, fi.Mode().Perm())
 	}
 }
+
+func TestWriteFileAtomicKeepsOldOnFailure(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "f")
+	if err := WriteFileAtomic(path, []byte("one"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	// Renaming a file over a non-empty directory fails; the directory stays.
+	sub := filepath.Join(dir, "sub")
+	os.Mkdir(sub, 0o755)
+	os.WriteFile(filepath.Join(sub, "x"), nil, 0o644)
+	err := WriteFileAtomic(sub, []byte("two"), 0o644)
+	if err == nil || !strings.Contains(err.Error(), sub) {
+		t.Fatalf("WriteFileAtomic over a non-empty directory: %v; want an error naming the path", err)
+	}
+	if ents, _ := os.ReadDir(dir); len(ents) != 2 {
+		t.Errorf("directory holds %d entries after a failed write, want 2 (temp file removed)", len(ents))
+	}
+	if b, _ := os.ReadFile(path); string(b) != "one" {
+		t.Errorf("file = %q, want the previous content", b)
+	}
+}

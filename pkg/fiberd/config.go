@@ -69,7 +69,8 @@ type Config struct {
 	// <name>.json per template. Required.
 	Templates string
 	// Warm is the proc backend, serving tier WARM from a zygote per grant.
-	// Nil means no WARM tier: every grant is served by Basic, and a grant
+	// The agent owns Warm and Basic from New on: it stops their grants and
+	// closes them when Run ends (or New fails). Nil means no WARM tier: every grant is served by Basic, and a grant
 	// whose MinTier is WARM or above is refused with a tier gap.
 	Warm backend.Backend
 	// Basic is the exec backend, serving tier BASIC by fork+exec. Nil means
@@ -144,8 +145,9 @@ type Config struct {
 	// Default DefaultReapInterval.
 	ReapInterval time.Duration
 
-	// Clock reads the time and drives the reaper. Default the real clock.
-	Clock clock.WithTicker
+	// Clock reads the time, drives the reaper and times Clone deadlines.
+	// Default the real clock.
+	Clock clock.WithTickerAndDelayedExecution
 	// Logger receives the agent's log lines. Default klog.Background().
 	Logger logr.Logger
 	// Registry is where the agent registers its metrics, and what GET

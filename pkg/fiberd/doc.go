@@ -1,8 +1,70 @@
-// Package fiberd is the agent: it wires a home, the grant verifier, the
-// ledger and a backend into the daemon that serves Clone.
+// Package fiberd is the agent: the library behind the fiberd daemon. It
+// wires a home (pkg/home/...), the grant verifier (pkg/grant), the ledger
+// (pkg/core) and the backends (pkg/backend) by hand, and serves Clone on an
+// HTTP API.
 //
-// This file set holds the optional interfaces a home may satisfy, which the
-// agent discovers with type assertions: ScopeLoser, EndpointHoster and
-// IssuerOverrider. Homes never import this package; they satisfy the
-// interfaces structurally. cmd/fiberd imports it.
+// # Lifecycle
+//
+// A grant goes delivered -> verified -> admitted -> warm -> yielded. The
+// home's lane delivers it (GrantAdded) or a Clone carries it; the agent
+// verifies the token, lifts any deny, admits it in the ledger, warms its
+// template on a backend with the home's Devices, and calls
+// PublishReady(uid, true). A renewal (same UID, new token) only updates the
+// lease. GrantRemoved yields it (fibers released, zygote stopped), denies
+// the UID until the lane delivers it again, and calls PublishReady(uid,
+// false); a lapsed lease is yielded by the reaper (every ReapInterval, 5 s).
+//
+// A fiber goes created -> running -> released | exited. Clone checks the
+// thrash budget, takes the session's gate (a running session is attached,
+// not created twice), reserves a slot (fibers.max is never exceeded), binds
+// the fiber's listener, carves its leaf cgroup, forks it on the backend under
+// the deadline, and commits; the commit is refused when the grant entry or
+// the epoch changed meanwhile, and the new fiber is then released. A fiber
+// that exits frees its slot.
+//
+// The epoch lives in StateDir/private/epoch: one more on every New, and one
+// more on a scope loss (a ScopeLoser home, or the admin hook), which
+// releases every running fiber while grants stay admitted and warm. Fiber
+// ids of an older epoch answer 404.
+//
+// # Start and stop
+//
+// New follows ARCHITECTURE 4.7: private state dir (0700), verifier, cgroup
+// tree, endpoint host (asked once of an EndpointHoster home), epoch bump,
+// ledger, then the admin socket and API listeners are bound. Run starts the
+// home, the lane, the reaper and the backends' exit loops, then serves; when
+// its context ends it stops accepting, ends watch streams, releases every
+// fiber, stops every zygote, closes the backends and the home, and returns.
+//
+// # API and authentication
+//
+// POST /v1/clone, /v1/release, /v1/park; GET /v1/status, /v1/watch
+// (NDJSON), /healthz, /metrics. Bodies are capped (api.MaxRequestBody)
+// before they are read and decoded strictly. Outcomes: 200 served; 429 SHED
+// with Retry-After; 503 DEFERRED_FALLBACK; 412 tier gap; 400 malformed (413
+// oversized); 401 unverified; 404 unknown or older-epoch fiber; 500 runtime
+// fault. A capacity miss (unknown, denied, lapsed or unverifiable grant, at
+// fibers.max, template not warm) is DEFERRED_FALLBACK while the home's lane
+// is healthy and SHED while stale; the thrash budget and pressure are always
+// SHED. Every miss body names its code and the issuer.
+//
+// Callers are authenticated by their connection: the unix socket (mode
+// 0600) and a TLS 1.3 listener requiring client certificates count as
+// authenticated; a plaintext TCP listener (InsecurePlaintext, loopback
+// unless InsecureAllowNonLoopback) does not. Only authenticated callers may
+// self-admit: a Clone naming the home's SelfAdmitUID is served with the
+// home's OwnGrant in place of the token presented.
+//
+// The admin socket StateDir/private/admin.sock serves GET /healthz. A build
+// with the testhooks tag (TestHooks) adds POST /issuer {"reachable":bool}
+// and POST /scope-lost, which answer 403 unless Config.AdminUnsafe.
+//
+// # Optional home interfaces
+//
+// A home may satisfy ScopeLoser, EndpointHoster and IssuerOverrider,
+// declared here; homes never import this package and satisfy them
+// structurally.
+//
+// Who imports it: cmd/fiberd, and tests. It imports pkg/home, pkg/grant,
+// pkg/backend, pkg/cgroup, pkg/endpoint, pkg/template, pkg/api and pkg/core.
 package fiberd

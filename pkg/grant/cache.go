@@ -65,7 +65,9 @@ type CacheOptions struct {
 	// Clock reads the time for staleness and the refresh limit. Default
 	// clock.RealClock{}.
 	Clock clock.PassiveClock
-	// Logger logs refreshes. Default klog.Background().
+	// Logger logs refreshes: failures at V(0), successes at V(2). The zero
+	// Logger means klog.Background(); note that logr.Discard() is the zero
+	// Logger too, so for silence pass a logger with a sink that drops lines.
 	Logger logr.Logger
 }
 
@@ -194,7 +196,9 @@ func (c *Cache) refreshLocked(ctx context.Context) error {
 // refresh, unless a refresh started less than MinRefreshInterval ago. Then:
 // a set never loaded or still stale answers an error wrapping
 // core.ErrUnverifiable; an unknown kid in a fresh set answers one wrapping
-// core.ErrUnauthenticated ("unknown kid").
+// core.ErrUnauthenticated ("unknown kid"). A call that needs a refresh
+// waits for one already in flight; each request of a refresh is bounded by
+// RequestTimeout and ctx. The Verifier calls Key for every token.
 func (c *Cache) Key(ctx context.Context, kid string) (*jose.JSONWebKey, error) {
 	if k, err := c.lookup(kid); err == nil {
 		return k, nil

@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/go-jose/go-jose/v4"
-	"github.com/go-logr/logr"
+	"github.com/go-logr/logr/testr"
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"fiberd.io/fiberd/pkg/core"
@@ -96,7 +96,7 @@ func newTestCache(t *testing.T, s *testIssuerServer, clk *clocktesting.FakePassi
 	c, err := NewCache(s.srv.URL, CacheOptions{
 		HTTPClient: s.srv.Client(),
 		Clock:      clk,
-		Logger:     logr.Discard(),
+		Logger:     testr.New(t),
 	})
 	if err != nil {
 		t.Fatalf("NewCache: %v", err)
@@ -129,7 +129,7 @@ func TestCacheDiscoveryIssuerMismatch(t *testing.T) {
 func TestCacheTrailingSlashIssuer(t *testing.T) {
 	s := newTestIssuerServer(t)
 	s.setKeys(t, mustKey(t, "EdDSA", "k1"))
-	c, err := NewCache(s.srv.URL+"/", CacheOptions{HTTPClient: s.srv.Client(), Logger: logr.Discard()})
+	c, err := NewCache(s.srv.URL+"/", CacheOptions{HTTPClient: s.srv.Client(), Logger: testr.New(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -336,7 +336,7 @@ func TestParseJWKS(t *testing.T) {
 		{"repeated kid", strings.Replace(string(pub), `"kid": "ec"`, `"kid": "ed"`, 1), "repeats", nil},
 		{"not json", `keys`, "JSON", nil},
 		{"no keys member", `{}`, "keys", nil},
-		{"encryption key skipped", strings.Replace(string(pub), `"use": "sig"`, `"use": "enc"`, 1), "", []string{"ed"}},
+		{"encryption key skipped", strings.Replace(string(pub), `"use": "sig"`, `"use": "enc"`, 1), "", []string{"ec"}},
 		{"RSA skipped", `{"keys":[{"kty":"RSA","kid":"r","n":"sXchDaQebHnPiGvyDOAT4saGEUetSyo9MKLOoWFsueri23bOdgWp4Dy1WlUzewbgBHod5pcM9H95GQRV3JDXboIRROSBigeC5yjU1hGzHHyXss8UDprecbAYxknTcQkhslANGRUZmdTOQ5qTRsLAt6BTYuyvVRdhS8exSZEy_c4gs_7svlJJQ4H9_NxsiIoLwAEk7-Q3UXERGYw_75IDrGA84-lA_-Ct4eTlXHBIY2EaV7t7LjJaynVJCpkv4LKjTTAumiGUIuQhrNhZLuF_RJLqHpM2kgWFLU7-VTdL1VbC2tejvcI2BlMkEpk1BzBZI0KQB0GaDWFLN-aEAw3vRw","e":"AQAB"}]}`, "", []string{}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -10,8 +10,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
 
 	"github.com/go-jose/go-jose/v4"
 
@@ -242,7 +240,7 @@ func WriteKeyFile(path string, key jose.JSONWebKey) error {
 	if err != nil {
 		return fmt.Errorf("key file %s: %w", path, err)
 	}
-	return WriteFileAtomic(path, append(data, '\n'), 0o600)
+	return core.WriteFileAtomic(path, append(data, '\n'), 0o600)
 }
 
 // ReadKeyFile reads a JWK written by WriteKeyFile (at most 64 KiB). The file
@@ -257,43 +255,4 @@ func ReadKeyFile(path string) (jose.JSONWebKey, error) {
 		return jose.JSONWebKey{}, fmt.Errorf("key file %s: %v: %w", path, err, core.ErrInvalid)
 	}
 	return k, nil
-}
-
-// WriteFileAtomic writes data to path with mode perm: a temporary file in
-// path's directory is written, synced and renamed over path, and the
-// directory is synced. On failure the temporary file is removed and any
-// previous file at path is left as it was.
-func WriteFileAtomic(path string, data []byte, perm os.FileMode) (err error) {
-	dir := filepath.Dir(path)
-	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp-*")
-	if err != nil {
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	tmp := f.Name()
-	defer func() {
-		if err != nil {
-			f.Close()
-			os.Remove(tmp)
-		}
-	}()
-	if err = f.Chmod(perm); err != nil {
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	if _, err = f.Write(data); err != nil {
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	if err = f.Sync(); err != nil {
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	if err = f.Close(); err != nil {
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	if err = os.Rename(tmp, path); err != nil {
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	if d, derr := os.Open(dir); derr == nil {
-		d.Sync()
-		d.Close()
-	}
-	return nil
 }

@@ -21,10 +21,10 @@ import (
 // refused before any decoding.
 const MaxTokenSize = 8 << 10
 
-// Algorithms is the allow-list of signature algorithms: EdDSA (Ed25519) and
+// algorithms is the allow-list of signature algorithms: EdDSA (Ed25519) and
 // ES256 (ECDSA P-256, SHA-256). Tokens with any other alg, "none", HS* and
 // RS* included, are refused before a key is looked up.
-var Algorithms = []jose.SignatureAlgorithm{jose.EdDSA, jose.ES256}
+var algorithms = []jose.SignatureAlgorithm{jose.EdDSA, jose.ES256}
 
 // maxUIDLength is the longest DNS-1123 label.
 const maxUIDLength = 63
@@ -96,7 +96,7 @@ func parseHeader(seg []byte) (header, error) {
 }
 
 func algorithmAllowed(alg string) bool {
-	for _, a := range Algorithms {
+	for _, a := range algorithms {
 		if string(a) == alg {
 			return true
 		}

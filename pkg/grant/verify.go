@@ -127,7 +127,7 @@ func (v *Verifier) Verify(ctx context.Context, token []byte) (core.Grant, error)
 	if err != nil {
 		return core.Grant{}, unauthenticated("", err)
 	}
-	jws, err := jose.ParseSignedCompact(string(token), Algorithms)
+	jws, err := jose.ParseSignedCompact(string(token), algorithms)
 	if err != nil {
 		return core.Grant{}, unauthenticated("", fmt.Errorf("malformed JWS: %v", err))
 	}

@@ -2,8 +2,9 @@
  * counter: an HTTP counter template for fiberd, in C.
  *
  * Every fiber answers each HTTP request on its listener (descriptor 3) with
- * "fence=<fence> pid=<pid> count=<n>", n counting the requests that fiber has
- * served. GET /crash makes the fiber abort (for testing that a crash does not
+ * "fence=<fence> pid=<pid> count=<n> payload=<hex|-> cgroup=<path>", n
+ * counting the requests that fiber has served and path the cgroup it found
+ * itself in when it started. GET /crash makes the fiber abort (for testing that a crash does not
  * hurt the zygote); GET /exit/<code> makes it exit with <code>.
  *
  * Options:
@@ -59,9 +60,29 @@ static void init(long init_ms, long hold_mib)
 			x += (unsigned long)i * 2654435761u;
 }
 
+/* The cgroup v2 path the fiber runs in, read before anything else it does,
+ * so a test can see that the fiber was in its leaf before user code ran. */
+static void own_cgroup(char *out, size_t len)
+{
+	char line[512];
+	FILE *f = fopen("/proc/self/cgroup", "r");
+	snprintf(out, len, "-");
+	if (!f)
+		return;
+	while (fgets(line, sizeof(line), f))
+		if (strncmp(line, "0::", 3) == 0) {
+			line[strcspn(line, "\n")] = 0;
+			snprintf(out, len, "%s", line + 3);
+		}
+	fclose(f);
+}
+
 static int serve(const char *fence)
 {
 	unsigned long count = 0;
+	char cg[512];
+	const char *payload = getenv("FIBERD_PAYLOAD");
+	own_cgroup(cg, sizeof(cg));
 	signal(SIGPIPE, SIG_IGN);
 	if (dirty_mib > 0) {
 		size_t n = (size_t)dirty_mib << 20;
@@ -96,8 +117,9 @@ static int serve(const char *fence)
 		if (strncmp(req, "GET /exit/", 10) == 0)
 			exit(atoi(req + 10));
 		count++;
-		char body[512], out[1024];
-		int bl = snprintf(body, sizeof(body), "fence=%s pid=%d count=%lu\n", fence, (int)getpid(), count);
+		char body[2048], out[4096];
+		int bl = snprintf(body, sizeof(body), "fence=%s pid=%d count=%lu payload=%.1024s cgroup=%s\n", fence,
+				  (int)getpid(), count, payload ? payload : "-", cg);
 		int ol = snprintf(out, sizeof(out),
 				  "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s",
 				  bl, body);

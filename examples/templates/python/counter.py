@@ -1,8 +1,9 @@
 """counter: an HTTP counter template for fiberd, in Python.
 
 Every fiber answers each HTTP request on its listener (descriptor 3) with
-"fence=<fence> pid=<pid> count=<n>", n counting the requests that fiber has
-served. GET /crash makes the fiber die of SIGSEGV-like abort (os.abort) and
+"fence=<fence> pid=<pid> count=<n> payload=<hex|-> cgroup=<path>", n counting
+the requests that fiber has served and path the cgroup it found itself in
+when it started. GET /crash makes the fiber abort (SIGABRT) and
 GET /exit/<code> makes it exit with <code>, for tests.
 
 Options:
@@ -38,6 +39,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     count = 0
     fence = "-"
+    cgroup = "-"
 
     def do_GET(self):
         if self.path == "/crash":
@@ -45,7 +47,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
         if self.path.startswith("/exit/"):
             os._exit(int(self.path[len("/exit/"):]))
         Handler.count += 1
-        body = ("fence=%s pid=%d count=%d\n" % (Handler.fence, os.getpid(), Handler.count)).encode()
+        body = ("fence=%s pid=%d count=%d payload=%s cgroup=%s\n" % (
+            Handler.fence, os.getpid(), Handler.count, os.environ.get("FIBERD_PAYLOAD", "-"), Handler.cgroup)).encode()
         self.send_response(200)
         self.send_header("Content-Type", "text/plain")
         self.send_header("Content-Length", str(len(body)))
@@ -58,7 +61,16 @@ class Handler(http.server.BaseHTTPRequestHandler):
         pass  # unix-socket clients have no address to log
 
 
+def own_cgroup():
+    with open("/proc/self/cgroup") as f:
+        for line in f:
+            if line.startswith("0::"):
+                return line[3:].strip()
+    return "-"
+
+
 def serve(fence):
+    Handler.cgroup = own_cgroup()  # first thing: proves the leaf was entered before user code
     mine = bytearray(b"\1") * (DIRTY_MIB << 20) if DIRTY_MIB else None
     Handler.fence = fence
     srv = http.server.HTTPServer(("", 0), Handler, bind_and_activate=False)

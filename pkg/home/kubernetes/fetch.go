@@ -21,11 +21,11 @@ import (
 	"k8s.io/utils/clock"
 
 	"fiberd.io/fiberd/pkg/core"
+	"fiberd.io/fiberd/pkg/grant"
 )
 
-// maxTokenSize caps a grant token, and so the body of a grant fetch: 8 KiB,
-// the limit every grant token obeys.
-const maxTokenSize = 8 << 10
+// maxTokenSize caps a grant token, and so the body of a grant fetch.
+const maxTokenSize = grant.MaxTokenSize
 
 // maxSATokenSize caps the service-account token file read per request.
 const maxSATokenSize = 64 << 10

@@ -173,6 +173,9 @@ static int fz_child_setup(struct fz_state *st, int listen_fd, int leaf_fd, const
 		return errno;
 	}
 	st->ctl = -1;
+	int fl = fcntl(FZ_LISTEN_FD, F_GETFL);
+	if (fl < 0 || fcntl(FZ_LISTEN_FD, F_SETFL, fl & ~O_NONBLOCK) < 0) /* servers expect a blocking accept */
+		return errno;
 	snprintf(buf, sizeof(buf), "%d", (int)getpid());
 	if (setenv("LISTEN_FDS", "1", 1) || setenv("LISTEN_PID", buf, 1) || setenv("FIBERD_FENCE", fence, 1))
 		return errno;

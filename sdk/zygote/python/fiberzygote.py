@@ -190,6 +190,7 @@ class _Zygote:
                 os.close(fds[0])
             else:
                 os.set_inheritable(LISTEN_FD, True)
+            os.set_blocking(LISTEN_FD, True)  # servers expect a blocking accept
             os.environ["LISTEN_FDS"] = "1"
             os.environ["LISTEN_PID"] = str(os.getpid())
             os.environ["FIBERD_FENCE"] = fence

@@ -1,0 +1,43 @@
+//go:build !linux
+
+package backend
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"fiberd.io/fiberd/pkg/core"
+)
+
+var errUnsupported = fmt.Errorf("backend: fibers need Linux: %w", errors.ErrUnsupported)
+
+// Proc is the WARM tier backend. Off Linux it cannot be created.
+type Proc struct{ unsupported }
+
+// Exec is the BASIC tier backend. Off Linux it cannot be created.
+type Exec struct{ unsupported }
+
+// NewProc fails off Linux with an error wrapping errors.ErrUnsupported.
+func NewProc(cfg Config) (*Proc, error) { return nil, errUnsupported }
+
+// NewExec fails off Linux with an error wrapping errors.ErrUnsupported.
+func NewExec(cfg Config) (*Exec, error) { return nil, errUnsupported }
+
+type unsupported struct{}
+
+func (unsupported) Tier() core.Tier                         { return "" }
+func (unsupported) Warm(context.Context, WarmRequest) error { return errUnsupported }
+func (unsupported) Warmed(string) bool                      { return false }
+func (unsupported) Clone(context.Context, CloneRequest) (Fiber, error) {
+	return Fiber{}, errUnsupported
+}
+func (unsupported) Kill(context.Context, core.Fence) error { return errUnsupported }
+func (unsupported) Stop(context.Context, string) error     { return errUnsupported }
+func (unsupported) Exits() <-chan Exit                     { return nil }
+func (unsupported) Close() error                           { return nil }
+
+var (
+	_ Backend = (*Proc)(nil)
+	_ Backend = (*Exec)(nil)
+)

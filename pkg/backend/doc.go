@@ -1,0 +1,68 @@
+// Package backend runs fibers: it warms a grant's template and clones fibers
+// of it, each a real process serving on a listener fiberd bound beforehand.
+//
+// # Vocabulary and lifecycle
+//
+// A grant's template is warm once Warm succeeded: for the proc backend, its
+// zygote (the template started once, initialised, waiting) said READY; for
+// the exec backend, its command was found. A warm grant goes cold when Stop
+// ends it or, for proc, when its zygote dies.
+//
+// A fiber is created by Clone and is then running; it ends released (Kill or
+// Stop) or exited (on its own, or with its zygote). Every ending produces
+// exactly one Exit on Exits, queued after the fiber's processes are gone and
+// its leaf cgroup is removed. A zygote that dies without Stop also produces
+// one Exit with Template set, after its fibers' Exits.
+//
+// # The two backends
+//
+// Proc (tier WARM) starts one zygote per grant: stdin /dev/null, stdout and
+// stderr into RunDir/zygote.log (capped at Config.LogMaxBytes), environment
+// PATH, the spec's env, FIBERD_GRANT_UID, FIBERD_DEVICES and
+// FIBERD_DEVICE_CLAIMS, a new session, and with a Cgroup it is born in
+// <Cgroup>/zygote (CLONE_INTO_CGROUP). Its control socket, a unix
+// SOCK_SEQPACKET socket, is descriptor 3. The protocol, one datagram per
+// message:
+//
+//	zygote -> fiberd  READY
+//	fiberd -> zygote  CLONE <fence> <payload-hex|->   + SCM_RIGHTS [listener, leaf?]
+//	zygote -> fiberd  CLONED <fence> <pid>  |  ERROR <fence> <reason>
+//	zygote -> fiberd  EXITED <fence> exit:<N>|signal:<SIGNAME>
+//
+// The zygote forks; the child starts a new session, enters the leaf (writes
+// "0" to cgroup.procs through the leaf descriptor), gets the listener as
+// descriptor 3 with LISTEN_FDS=1, LISTEN_PID=<its pid>, FIBERD_FENCE and
+// FIBERD_PAYLOAD, and only then runs user code; the zygote answers CLONED
+// once that set-up succeeded. sdk/zygote/c and sdk/zygote/python implement
+// this side. A zygote that closes the socket or dies makes the grant cold:
+// pending Clones fail with ErrCold and every fiber is killed (reason
+// TemplateDied). When fiberd closes the socket, the SDKs kill their fibers
+// and exit.
+//
+// Exec (tier BASIC) fork+execs the template per Clone: same environment
+// plus LISTEN_FDS=1, FIBERD_FENCE, FIBERD_PAYLOAD, the listener as
+// descriptor 3, a new session, born in the leaf (CLONE_INTO_CGROUP, so it is
+// there before its first instruction), output to RunDir/fibers.log. Since
+// the environment is fixed before the fork, LISTEN_PID is set by a one-line
+// shim, Config.Shell -c 'LISTEN_PID=$$; export LISTEN_PID; exec "$0" "$@"',
+// which keeps its pid across the exec; so any socket-activated server works
+// unchanged.
+//
+// # Cgroups and killing
+//
+// The caller (the agent) creates the grant's cgroup and each fiber's leaf
+// (pkg/cgroup Tree.Grant, Grant.Fiber) and passes their paths. With a leaf,
+// a fiber is killed through the leaf's cgroup.kill, which also reaches
+// processes it started; without, by SIGKILL to its process group (it leads
+// its own session). Once a Clone succeeded the backend owns the leaf and
+// removes it when the fiber ends. Proc also owns <Cgroup>/zygote.
+//
+// A fiber of a dead zygote is reparented to the init process of fiberd's
+// pid namespace; when fiberd is that init (PID 1 of a container), the
+// command must reap orphans.
+//
+// # Who imports it
+//
+// pkg/fiberd wires a Backend per tier and is its only caller. backend
+// imports pkg/core, pkg/template and pkg/cgroup.
+package backend

@@ -1,0 +1,691 @@
+package backend
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"reflect"
+	"runtime"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"fiberd.io/fiberd/pkg/cgroup"
+	"fiberd.io/fiberd/pkg/core"
+	"fiberd.io/fiberd/pkg/template"
+)
+
+// Proc is the WARM tier backend: one zygote per grant, fibers forked from
+// it. Create it with NewProc; Close it to end every zygote and fiber.
+type Proc struct {
+	common
+
+	mu      sync.Mutex
+	zygotes map[string]*zygote
+	closed  bool
+
+	closeOnce sync.Once
+	closeErr  error
+}
+
+var _ Backend = (*Proc)(nil)
+
+// NewProc validates cfg and returns a Proc with no grant warm. It starts no
+// process; the exit queue's goroutine runs until Close.
+func NewProc(cfg Config) (*Proc, error) {
+	p := &Proc{zygotes: map[string]*zygote{}}
+	if err := p.init(cfg, "proc"); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+// Tier implements Backend: TierWarm.
+func (p *Proc) Tier() core.Tier { return core.TierWarm }
+
+// zygote is one grant's warm template process and its fibers.
+type zygote struct {
+	p       *Proc
+	uid     string
+	spec    template.Spec
+	cmd     *exec.Cmd
+	conn    *net.UnixConn
+	leaf    string // <Cgroup>/zygote, or ""
+	logPath string
+	logFile *capLog
+	logR    *os.File
+	logDone chan struct{}
+
+	ready      chan struct{} // closed on READY
+	readerDone chan struct{} // closed when the reader has stopped
+	dead       chan struct{} // closed when the zygote and its fibers are gone
+
+	mu       sync.Mutex
+	proc     *os.Process // set once started
+	warm     bool
+	cold     bool // the zygote process has ended
+	stopping bool // Stop or Close ended it
+	pending  map[string]*pendingClone
+	fibers   map[string]*fiber
+}
+
+type pendingClone struct {
+	fence     core.Fence
+	leaf      string
+	ch        chan cloneResult // buffered 1
+	abandoned bool             // Clone's ctx ended first
+}
+
+type cloneResult struct {
+	f   *fiber
+	err error
+}
+
+// Warmed implements Backend.
+func (p *Proc) Warmed(grantUID string) bool {
+	p.mu.Lock()
+	z := p.zygotes[grantUID]
+	p.mu.Unlock()
+	if z == nil {
+		return false
+	}
+	z.mu.Lock()
+	defer z.mu.Unlock()
+	return z.warm && !z.cold && !z.stopping
+}
+
+// Warm implements Backend: it starts the zygote with the control socket as
+// descriptor 3 and waits for READY.
+func (p *Proc) Warm(ctx context.Context, req WarmRequest) error {
+	if err := checkWarm(req); err != nil {
+		return err
+	}
+	uid := req.Grant.UID
+	if !req.Spec.Zygote {
+		return fmt.Errorf("grant %q: template %q is not a zygote (spec says zygote: false), so it cannot be served warm: %w", uid, req.Grant.Template, core.ErrTierGap)
+	}
+	for {
+		p.mu.Lock()
+		if p.closed {
+			p.mu.Unlock()
+			return fmt.Errorf("grant %q: %w", uid, errClosed)
+		}
+		z := p.zygotes[uid]
+		if z == nil {
+			z = p.newZygote(uid, req.Spec)
+			p.zygotes[uid] = z
+			p.mu.Unlock()
+			err := z.start(ctx, req)
+			if err != nil {
+				p.mu.Lock()
+				if p.zygotes[uid] == z {
+					delete(p.zygotes, uid)
+				}
+				p.mu.Unlock()
+			}
+			return err
+		}
+		p.mu.Unlock()
+
+		z.mu.Lock()
+		ending := z.cold || z.stopping
+		z.mu.Unlock()
+		if ending {
+			// Let the old zygote's teardown finish (it owns the zygote
+			// leaf), then start afresh.
+			select {
+			case <-z.dead:
+			case <-ctx.Done():
+				return fmt.Errorf("grant %q: warm: waiting for the previous zygote to end: %w", uid, ctx.Err())
+			}
+			p.mu.Lock()
+			if p.zygotes[uid] == z {
+				delete(p.zygotes, uid)
+			}
+			p.mu.Unlock()
+			continue
+		}
+		if !reflect.DeepEqual(z.spec, req.Spec) {
+			return fmt.Errorf("grant %q: already warm with another template spec; Stop it first: %w", uid, core.ErrInvalid)
+		}
+		select {
+		case <-z.ready:
+			return nil
+		case <-z.dead:
+			return fmt.Errorf("grant %q: zygote ended while warming: %w", uid, ErrCold)
+		case <-ctx.Done():
+			return fmt.Errorf("grant %q: warm: %w", uid, ctx.Err())
+		}
+	}
+}
+
+func (p *Proc) newZygote(uid string, spec template.Spec) *zygote {
+	return &zygote{
+		p: p, uid: uid, spec: spec,
+		ready: make(chan struct{}), readerDone: make(chan struct{}), dead: make(chan struct{}),
+		logDone: make(chan struct{}),
+		pending: map[string]*pendingClone{}, fibers: map[string]*fiber{},
+	}
+}
+
+// start launches the zygote and waits for READY. On failure nothing is
+// left running and z.dead is closed.
+func (z *zygote) start(ctx context.Context, req WarmRequest) (err error) {
+	p := z.p
+	wrap := func(err error) error { return fmt.Errorf("grant %q: warm: %w", z.uid, err) }
+	launched := false
+	defer func() {
+		if err != nil && !launched {
+			close(z.readerDone)
+			close(z.logDone)
+			close(z.dead)
+		}
+	}()
+
+	if err := os.MkdirAll(req.RunDir, 0o700); err != nil {
+		return wrap(err)
+	}
+	path, err := lookPath(req.Spec.Command, p.cfg.Path)
+	if err != nil {
+		return wrap(err)
+	}
+	z.logPath = filepath.Join(req.RunDir, "zygote.log")
+	z.logFile, err = openCapLog(z.logPath, p.cfg.LogMaxBytes)
+	if err != nil {
+		return wrap(err)
+	}
+	var closers []func() error
+	defer func() {
+		for _, c := range closers {
+			_ = c()
+		}
+	}()
+	cleanupOnError := func(c func() error) {
+		closers = append(closers, func() error {
+			if err != nil {
+				return c()
+			}
+			return nil
+		})
+	}
+	cleanupOnError(z.logFile.Close)
+
+	r, w, err := os.Pipe()
+	if err != nil {
+		return wrap(err)
+	}
+	afterStart := []func() error{w.Close} // the child's copies, closed once it has them
+	defer func() {
+		for _, c := range afterStart {
+			_ = c()
+		}
+	}()
+	cleanupOnError(r.Close)
+
+	pair, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return wrap(os.NewSyscallError("socketpair", err))
+	}
+	parent := os.NewFile(uintptr(pair[0]), "fiberd-control")
+	child := os.NewFile(uintptr(pair[1]), "zygote-control")
+	closers = append(closers, parent.Close) // FileConn dups it
+	afterStart = append(afterStart, child.Close)
+	c, err := net.FileConn(parent)
+	if err != nil {
+		return wrap(fmt.Errorf("control socket: %w", err))
+	}
+	z.conn = c.(*net.UnixConn)
+	cleanupOnError(z.conn.Close)
+
+	attr := &syscall.SysProcAttr{Setsid: true, Pdeathsig: syscall.SIGKILL}
+	if req.Cgroup != "" {
+		z.leaf = filepath.Join(req.Cgroup, "zygote")
+		if err := os.Mkdir(z.leaf, 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
+			return wrap(fmt.Errorf("zygote cgroup: %w", err))
+		}
+		lf, err := cgroup.At(z.leaf).Open()
+		if err != nil {
+			return wrap(fmt.Errorf("zygote cgroup: %w", err))
+		}
+		afterStart = append(afterStart, lf.Close)
+		attr.UseCgroupFD = true
+		attr.CgroupFD = int(lf.Fd())
+	}
+	z.cmd = &exec.Cmd{
+		Path:        path,
+		Args:        append([]string{req.Spec.Command}, req.Spec.Args...),
+		Env:         fiberdEnv(p.cfg.Path, req),
+		Dir:         workdir(req.Spec, req.RunDir),
+		Stdout:      w,
+		Stderr:      w,
+		ExtraFiles:  []*os.File{child},
+		SysProcAttr: attr,
+	}
+	err = z.cmd.Start()
+	for _, c := range afterStart {
+		_ = c()
+	}
+	afterStart = nil
+	if err != nil {
+		if z.leaf != "" {
+			_ = cgroup.At(z.leaf).Remove()
+		}
+		return wrap(err)
+	}
+	launched = true
+	z.logR = r
+	z.mu.Lock()
+	z.proc = z.cmd.Process
+	stopped := z.stopping
+	z.mu.Unlock()
+	if stopped {
+		z.kill() // Stop came while it was starting
+	}
+	p.wg.Add(3)
+	go func() { defer p.wg.Done(); copyLog(r, z.logFile, z.logDone) }()
+	go func() { defer p.wg.Done(); z.read() }()
+	go func() { defer p.wg.Done(); z.wait() }()
+	p.log.Info("Zygote started", "grant", z.uid, "pid", z.cmd.Process.Pid, "cgroup", z.leaf, "log", z.logPath)
+
+	wctx, cancel := clockTimeout(ctx, p.cfg.Clock, p.cfg.WarmTimeout)
+	defer cancel()
+	select {
+	case <-z.ready:
+		p.log.Info("Template warm", "grant", z.uid, "pid", z.cmd.Process.Pid)
+		return nil
+	case <-z.dead:
+		err = fmt.Errorf("zygote exited before READY (log %s: %q): %w", z.logPath, logTail(z.logPath), ErrCold)
+	case <-wctx.Done():
+		why := ctx.Err()
+		if why == nil {
+			why = fmt.Errorf("no READY within %v", p.cfg.WarmTimeout)
+		}
+		z.kill()
+		<-z.dead
+		err = fmt.Errorf("zygote not ready: %w (log %s)", why, z.logPath)
+	}
+	return wrap(err)
+}
+
+// kill ends the zygote process (and anything left in its leaf). Before the
+// process exists it does nothing; start checks stopping once it does.
+func (z *zygote) kill() {
+	z.mu.Lock()
+	proc := z.proc
+	z.mu.Unlock()
+	if proc == nil {
+		return
+	}
+	if z.leaf != "" {
+		ctx, cancel := clockTimeout(context.Background(), z.p.cfg.Clock, z.p.cfg.KillTimeout)
+		_ = cgroup.At(z.leaf).Kill(ctx)
+		cancel()
+	}
+	_ = proc.Kill() // pidfd-backed: never hits a reused pid
+}
+
+// read handles the zygote's messages until the control socket ends.
+func (z *zygote) read() {
+	defer close(z.readerDone)
+	buf := make([]byte, maxMessage)
+	oob := make([]byte, unix.CmsgSpace(4*8))
+	for {
+		n, oobn, flags, _, err := z.conn.ReadMsgUnix(buf, oob)
+		if oobn > 0 {
+			closeRights(oob[:oobn]) // a zygote sends no descriptors; drop any
+		}
+		if err != nil || (n == 0 && oobn == 0) {
+			return
+		}
+		if flags&unix.MSG_TRUNC != 0 {
+			z.p.log.Info("Zygote message too long; dropped", "grant", z.uid)
+			continue
+		}
+		m, err := parseMessage(buf[:n])
+		if err != nil {
+			z.p.log.Info("Zygote message malformed; dropped", "grant", z.uid, "err", err.Error())
+			continue
+		}
+		z.handle(m)
+	}
+}
+
+func closeRights(oob []byte) {
+	msgs, err := unix.ParseSocketControlMessage(oob)
+	if err != nil {
+		return
+	}
+	for _, m := range msgs {
+		fds, err := unix.ParseUnixRights(&m)
+		if err != nil {
+			continue
+		}
+		for _, fd := range fds {
+			_ = unix.Close(fd)
+		}
+	}
+}
+
+func (z *zygote) handle(m message) {
+	p := z.p
+	switch m.kind {
+	case msgReady:
+		z.mu.Lock()
+		if !z.warm {
+			z.warm = true
+			close(z.ready)
+		}
+		z.mu.Unlock()
+	case msgCloned:
+		z.mu.Lock()
+		pc := z.pending[m.fence]
+		if pc == nil {
+			z.mu.Unlock()
+			p.log.Info("Zygote reported a fiber nobody asked for; ignored", "grant", z.uid, "fence", m.fence, "pid", m.pid)
+			return
+		}
+		delete(z.pending, m.fence)
+		f := newFiber(pc.fence, m.pid, pc.leaf)
+		z.fibers[m.fence] = f
+		if pc.abandoned {
+			f.silent.Store(true)
+			f.killed.Store(true)
+		}
+		z.mu.Unlock()
+		if pc.abandoned {
+			p.log.Info("Fiber arrived after its Clone gave up; killing it", "fence", m.fence, "pid", m.pid)
+			p.wg.Add(1)
+			go func() {
+				defer p.wg.Done()
+				ctx, cancel := clockTimeout(context.Background(), p.cfg.Clock, p.cfg.KillTimeout)
+				defer cancel()
+				_ = f.signal(ctx)
+			}()
+			return
+		}
+		pc.ch <- cloneResult{f: f}
+	case msgError:
+		z.mu.Lock()
+		pc := z.pending[m.fence]
+		delete(z.pending, m.fence)
+		z.mu.Unlock()
+		if pc != nil {
+			pc.ch <- cloneResult{err: fmt.Errorf("zygote refused: %s", m.reason)}
+		}
+	case msgExited:
+		z.mu.Lock()
+		f := z.fibers[m.fence]
+		delete(z.fibers, m.fence)
+		z.mu.Unlock()
+		if f == nil {
+			p.log.Info("Zygote reported the exit of an unknown fiber; ignored", "grant", z.uid, "fence", m.fence)
+			return
+		}
+		p.wg.Add(1)
+		go func() { defer p.wg.Done(); p.finish(f, m.exit) }()
+	}
+}
+
+// wait reaps the zygote and tears everything down: the grant goes cold,
+// pending clones fail, fibers are killed and their leaves removed, the
+// zygote's leaf removed, the log closed.
+func (z *zygote) wait() {
+	p := z.p
+	_ = z.cmd.Wait()
+	reason := statusReason(z.cmd.ProcessState)
+
+	// EXITED messages the zygote sent before it died are still queued;
+	// read them (the socket ends once the zygote's copy is closed).
+	ctx, cancel := clockTimeout(context.Background(), p.cfg.Clock, 2*time.Second)
+	select {
+	case <-z.readerDone:
+	case <-ctx.Done():
+	}
+	cancel()
+	_ = z.conn.Close()
+	<-z.readerDone
+
+	z.mu.Lock()
+	z.cold = true
+	stopping, wasWarm := z.stopping, z.warm
+	pending, fibers := z.pending, z.fibers
+	z.pending, z.fibers = map[string]*pendingClone{}, map[string]*fiber{}
+	z.mu.Unlock()
+
+	for _, pc := range pending {
+		pc.ch <- cloneResult{err: fmt.Errorf("zygote ended: %w", ErrCold)}
+	}
+	ctx, cancel = clockTimeout(context.Background(), p.cfg.Clock, p.cfg.KillTimeout)
+	var fw sync.WaitGroup
+	for _, f := range fibers {
+		if stopping {
+			f.killed.Store(true)
+		}
+		if err := f.signal(ctx); err != nil {
+			p.log.Error(err, "Fiber of a dead zygote not killed", "fence", f.fence.String())
+		}
+		fw.Add(1)
+		go func() { defer fw.Done(); p.finish(f, ExitReason{TemplateDied: !stopping}) }()
+	}
+	fw.Wait()
+	if z.leaf != "" {
+		l := cgroup.At(z.leaf)
+		err := l.Kill(ctx)
+		if err == nil {
+			err = l.WaitEmpty(ctx)
+		}
+		if err == nil {
+			err = l.Remove()
+		}
+		if err != nil && !isNotExist(err) {
+			p.log.Error(err, "Zygote leaf not removed", "grant", z.uid, "leaf", z.leaf)
+		}
+	}
+	cancel()
+
+	// Give the log copier a moment to drain what the processes wrote.
+	ctx, cancel = clockTimeout(context.Background(), p.cfg.Clock, time.Second)
+	select {
+	case <-z.logDone:
+	case <-ctx.Done():
+	}
+	cancel()
+	_ = z.logR.Close()
+	<-z.logDone
+	_ = z.logFile.Close()
+
+	if !stopping {
+		p.log.Info("Zygote died; template is cold", "grant", z.uid, "reason", reason.String(), "fibers", len(fibers), "log", z.logPath)
+		if wasWarm {
+			p.exits.push(Exit{GrantUID: z.uid, Template: true, Reason: reason})
+		}
+	} else {
+		p.log.Info("Zygote stopped", "grant", z.uid, "fibers", len(fibers))
+	}
+	close(z.dead)
+}
+
+// Clone implements Backend: it sends CLONE with the listener and the leaf
+// and waits for CLONED or ERROR.
+func (p *Proc) Clone(ctx context.Context, req CloneRequest) (Fiber, error) {
+	if err := checkClone(req); err != nil {
+		return Fiber{}, err
+	}
+	fs := req.Fence.String()
+	p.mu.Lock()
+	z := p.zygotes[req.Fence.GrantUID]
+	p.mu.Unlock()
+	if z == nil {
+		return Fiber{}, fmt.Errorf("fiber %s: grant not warm: %w", fs, ErrCold)
+	}
+	z.mu.Lock()
+	switch {
+	case !z.warm || z.cold || z.stopping:
+		z.mu.Unlock()
+		return Fiber{}, fmt.Errorf("fiber %s: grant not warm: %w", fs, ErrCold)
+	case z.pending[fs] != nil || z.fibers[fs] != nil:
+		z.mu.Unlock()
+		return Fiber{}, fmt.Errorf("fiber %s: already running: %w", fs, core.ErrInvalid)
+	}
+	pc := &pendingClone{fence: req.Fence, leaf: req.Leaf, ch: make(chan cloneResult, 1)}
+	z.pending[fs] = pc
+	z.mu.Unlock()
+	drop := func() {
+		z.mu.Lock()
+		if z.pending[fs] == pc {
+			delete(z.pending, fs)
+		}
+		z.mu.Unlock()
+	}
+
+	fds := []int{int(req.Listener.Fd())}
+	var leafF *os.File
+	if req.Leaf != "" {
+		var err error
+		if leafF, err = cgroup.At(req.Leaf).Open(); err != nil {
+			drop()
+			return Fiber{}, fmt.Errorf("fiber %s: %w", fs, err)
+		}
+		defer leafF.Close()
+		fds = append(fds, int(leafF.Fd()))
+	}
+	_, _, err := z.conn.WriteMsgUnix([]byte(formatClone(req.Fence, req.Payload)), unix.UnixRights(fds...), nil)
+	runtime.KeepAlive(req.Listener)
+	if err != nil {
+		drop()
+		return Fiber{}, fmt.Errorf("fiber %s: control socket: %v: %w", fs, err, ErrCold)
+	}
+	select {
+	case r := <-pc.ch:
+		if r.err != nil {
+			return Fiber{}, fmt.Errorf("fiber %s: %w", fs, r.err)
+		}
+		return Fiber{Fence: req.Fence, PID: r.f.pid}, nil
+	case <-ctx.Done():
+	}
+	z.mu.Lock()
+	if z.pending[fs] == pc {
+		pc.abandoned = true
+		z.mu.Unlock()
+		return Fiber{}, fmt.Errorf("fiber %s: clone: %w", fs, ctx.Err())
+	}
+	z.mu.Unlock()
+	if r := <-pc.ch; r.err == nil {
+		// It arrived just as ctx ended: the caller will not know it, so end it.
+		r.f.silent.Store(true)
+		r.f.killed.Store(true)
+		kctx, cancel := clockTimeout(context.Background(), p.cfg.Clock, p.cfg.KillTimeout)
+		_ = r.f.signal(kctx)
+		cancel()
+	}
+	return Fiber{}, fmt.Errorf("fiber %s: clone: %w", fs, ctx.Err())
+}
+
+// Kill implements Backend.
+func (p *Proc) Kill(ctx context.Context, fence core.Fence) error {
+	fs := fence.String()
+	p.mu.Lock()
+	z := p.zygotes[fence.GrantUID]
+	p.mu.Unlock()
+	var f *fiber
+	if z != nil {
+		z.mu.Lock()
+		f = z.fibers[fs]
+		z.mu.Unlock()
+	}
+	if f == nil {
+		return fmt.Errorf("fiber %s: %w", fs, core.ErrNotFound)
+	}
+	return killAndWait(ctx, f)
+}
+
+// killAndWait kills a fiber and waits until finish has run for it.
+func killAndWait(ctx context.Context, f *fiber) error {
+	f.killed.Store(true)
+	if err := f.signal(ctx); err != nil {
+		return fmt.Errorf("fiber %s: kill: %w", f.fence, err)
+	}
+	select {
+	case <-f.done:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("fiber %s: kill: %w", f.fence, ctx.Err())
+	}
+}
+
+// Stop implements Backend.
+func (p *Proc) Stop(ctx context.Context, grantUID string) error {
+	p.mu.Lock()
+	z := p.zygotes[grantUID]
+	p.mu.Unlock()
+	if z == nil {
+		return nil
+	}
+	err := z.stop(ctx)
+	if err == nil {
+		p.mu.Lock()
+		if p.zygotes[grantUID] == z {
+			delete(p.zygotes, grantUID)
+		}
+		p.mu.Unlock()
+	}
+	return err
+}
+
+func (z *zygote) stop(ctx context.Context) error {
+	z.mu.Lock()
+	z.stopping = true
+	fibers := make([]*fiber, 0, len(z.fibers))
+	for _, f := range z.fibers {
+		fibers = append(fibers, f)
+	}
+	z.mu.Unlock()
+	for _, f := range fibers {
+		f.killed.Store(true)
+		_ = f.signal(ctx)
+	}
+	select {
+	case <-z.dead:
+		return nil
+	default:
+	}
+	z.kill()
+	select {
+	case <-z.dead:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("grant %q: stop: %w", z.uid, ctx.Err())
+	}
+}
+
+// Close implements Backend.
+func (p *Proc) Close() error {
+	p.closeOnce.Do(func() {
+		p.mu.Lock()
+		p.closed = true
+		zs := make([]*zygote, 0, len(p.zygotes))
+		for _, z := range p.zygotes {
+			zs = append(zs, z)
+		}
+		p.mu.Unlock()
+		ctx, cancel := clockTimeout(context.Background(), p.cfg.Clock, p.cfg.KillTimeout)
+		var errs []error
+		for _, z := range zs {
+			if err := z.stop(ctx); err != nil {
+				errs = append(errs, err)
+			}
+		}
+		cancel()
+		p.wg.Wait()
+		p.exits.close()
+		p.closeErr = errors.Join(errs...)
+	})
+	return p.closeErr
+}

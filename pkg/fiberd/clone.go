@@ -1,0 +1,225 @@
+package fiberd
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"time"
+
+	"fiberd.io/fiberd/pkg/api"
+	"fiberd.io/fiberd/pkg/backend"
+	"fiberd.io/fiberd/pkg/cgroup"
+	"fiberd.io/fiberd/pkg/core"
+	"fiberd.io/fiberd/pkg/endpoint"
+	"fiberd.io/fiberd/pkg/grant"
+)
+
+// clone serves one Clone (ARCHITECTURE 4.3): resolve and verify the grant
+// (admitting it when new), the thrash budget, then under the session's
+// gate attach to a running session or reserve a slot, bind the fiber's
+// listener, carve its leaf, fork it under the deadline and commit. authed
+// says whether the caller is authenticated, which self-admission needs.
+//
+// Errors: core.ErrInvalid (400), core.ErrUnauthenticated (401),
+// core.ErrTierGap (412), a *core.Miss (429 SHED / 503 DEFERRED_FALLBACK),
+// anything else a runtime fault (500).
+func (a *Agent) clone(ctx context.Context, req api.CloneRequest, authed bool) (api.CloneResponse, string, error) {
+	if req.Grant == "" && req.GrantUID == "" {
+		return api.CloneResponse{}, "", fmt.Errorf("clone names no grant: set grant (a token) or grantUID: %w", core.ErrInvalid)
+	}
+	if len(req.Payload) > api.MaxPayload {
+		return api.CloneResponse{}, "", fmt.Errorf("payload of %d bytes is over the limit of %d: %w", len(req.Payload), api.MaxPayload, core.ErrInvalid)
+	}
+	if req.DeadlineMs < 0 {
+		return api.CloneResponse{}, "", fmt.Errorf("deadlineMs %d is negative: %w", req.DeadlineMs, core.ErrInvalid)
+	}
+	deadline := a.cfg.CloneDeadline
+	if req.DeadlineMs > 0 && time.Duration(req.DeadlineMs)*time.Millisecond < deadline {
+		deadline = time.Duration(req.DeadlineMs) * time.Millisecond
+	}
+	ctx, cancel := a.timeout(ctx, deadline)
+	defer cancel()
+
+	token := []byte(req.Grant)
+	named := req.GrantUID
+	if named == "" {
+		uid, err := grant.PeekUID(token)
+		if err != nil {
+			return api.CloneResponse{}, "", fmt.Errorf("grant token: %v: %w", err, core.ErrUnauthenticated)
+		}
+		named = uid
+	}
+	// Self-admission: an authenticated caller naming the home's own UID
+	// gets the home's own grant, whatever token it presented.
+	if self := a.home.SelfAdmitUID(); self != "" && named == self && authed {
+		if own, ok := a.home.OwnGrant(); ok {
+			token = own
+		}
+	}
+
+	uid := req.GrantUID
+	if len(token) > 0 {
+		g, err := a.verifier.Verify(ctx, token)
+		switch {
+		case errors.Is(err, core.ErrUnverifiable):
+			return api.CloneResponse{}, "", a.miss(err.Error())
+		case err != nil:
+			return api.CloneResponse{}, "", err
+		}
+		if req.GrantUID != "" && g.UID != req.GrantUID {
+			return api.CloneResponse{}, "", fmt.Errorf("grantUID %q does not match the token's grant %q: %w", req.GrantUID, g.UID, core.ErrInvalid)
+		}
+		uid = g.UID
+		if err := a.ensureAdmitted(ctx, g); err != nil {
+			return api.CloneResponse{}, "", err
+		}
+	}
+
+	if !a.limiter.AllowN(a.cfg.Clock.Now(), 1) {
+		return api.CloneResponse{}, "", core.Shed("thrash budget exhausted: too many Clones per second on this home", a.cfg.Issuer, a.cfg.RetryAfter)
+	}
+	if err := a.gapOf(uid); err != nil {
+		return api.CloneResponse{}, "", err
+	}
+
+	unlock := a.ledger.LockSession(uid, req.Session)
+	defer unlock()
+	res, attach, err := a.ledger.Reserve(uid, req.Session, a.cfg.Clock.Now())
+	if err != nil {
+		return api.CloneResponse{}, "", a.miss(err.Error())
+	}
+	if attach != nil {
+		return api.CloneResponse{FiberID: attach.Fence.String(), Endpoint: attach.Endpoint, Fence: attach.Fence, Kind: api.KindAttach}, api.KindAttach, nil
+	}
+	resp, err := a.create(ctx, res, req.Payload)
+	if err != nil {
+		a.ledger.Cancel(res)
+		return api.CloneResponse{}, api.KindCreate, err
+	}
+	return resp, api.KindCreate, nil
+}
+
+// ensureAdmitted admits verified grant g unless the ledger already holds
+// this very token, so a repeated Clone by token costs no admission.
+func (a *Agent) ensureAdmitted(ctx context.Context, g core.Grant) error {
+	if have, ok := a.ledger.Grant(g.UID); ok && bytes.Equal(have.Token, g.Token) {
+		return nil
+	}
+	err := a.admit(ctx, g)
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, core.ErrNoCapacity), errors.Is(err, core.ErrDenied):
+		return a.miss(err.Error())
+	case errors.Is(err, core.ErrTierGap):
+		return err
+	case errors.Is(err, core.ErrInvalid):
+		// The node does not hold the grant's template: not this home's
+		// capacity, not a bad request.
+		return a.miss(err.Error())
+	}
+	return err
+}
+
+// miss is a capacity miss by lane health: DEFERRED_FALLBACK while the
+// control plane is healthy, SHED while stale.
+func (a *Agent) miss(reason string) *core.Miss {
+	return core.CapacityMiss(a.home.Health().Healthy(), reason, a.cfg.Issuer, a.cfg.RetryAfter)
+}
+
+// create makes the fiber of reservation res: checks the template is warm,
+// binds the listener, carves the leaf, forks and commits. On an error the
+// caller cancels res; create has already undone its own work.
+func (a *Agent) create(ctx context.Context, res *core.Reservation, payload []byte) (api.CloneResponse, error) {
+	fence := res.Fence
+	uid := fence.GrantUID
+	a.mu.Lock()
+	rt := a.grants[uid]
+	a.mu.Unlock()
+	if rt == nil || !rt.warm || !rt.backend.Warmed(uid) {
+		return api.CloneResponse{}, a.miss(fmt.Sprintf("grant %q: template not warm", uid))
+	}
+
+	h := &fiberHandle{backend: rt.backend}
+	lf, url, err := a.listen(fence, h)
+	if err != nil {
+		a.freeFiber(core.Fiber{Handle: h})
+		if errors.Is(err, endpoint.ErrExhausted) {
+			return api.CloneResponse{}, core.Shed(fmt.Sprintf("fiber %s: %v", fence, err), a.cfg.Issuer, a.cfg.RetryAfter)
+		}
+		return api.CloneResponse{}, fmt.Errorf("fiber %s: endpoint: %w", fence, err)
+	}
+	defer lf.Close() // the fiber holds its own copy
+
+	breq := backend.CloneRequest{Fence: fence, Listener: lf, Payload: payload}
+	var leaf *cgroup.Leaf
+	if rt.cg != nil {
+		l, err := rt.cg.Fiber(fence.Epoch, fence.Seq)
+		if err != nil {
+			a.freeFiber(core.Fiber{Handle: h})
+			return api.CloneResponse{}, fmt.Errorf("fiber %s: cgroup leaf: %w", fence, err)
+		}
+		leaf = &l
+		breq.Leaf = l.Path()
+	}
+	if _, err := rt.backend.Clone(ctx, breq); err != nil {
+		a.freeFiber(core.Fiber{Handle: h})
+		if leaf != nil {
+			_ = leaf.Remove() // after a failed Clone the leaf is ours
+		}
+		if errors.Is(err, backend.ErrCold) {
+			return api.CloneResponse{}, a.miss(fmt.Sprintf("grant %q: template not warm", uid))
+		}
+		return api.CloneResponse{}, fmt.Errorf("fiber %s: clone: %w", fence, err)
+	}
+	f := core.Fiber{Endpoint: url, Tier: rt.backend.Tier(), Created: a.cfg.Clock.Now(), Handle: h}
+	if cerr := a.ledger.Commit(res, f); cerr != nil {
+		// The grant was yielded or the epoch moved while forking: the new
+		// fiber belongs to nobody now.
+		kctx, cancel := a.timeout(context.Background(), drainTimeout)
+		a.releaseFiber(kctx, core.Fiber{Fence: fence, Handle: h})
+		cancel()
+		return api.CloneResponse{}, a.miss(cerr.Error())
+	}
+	a.notify()
+	return api.CloneResponse{FiberID: fence.String(), Endpoint: url, Fence: fence, Kind: api.KindCreate}, nil
+}
+
+// listen binds the fiber's listener and returns its descriptor (a copy the
+// caller closes) and endpoint URL; h records the port or socket file to
+// free later.
+func (a *Agent) listen(fence core.Fence, h *fiberHandle) (*os.File, string, error) {
+	if a.ports == nil {
+		path := filepath.Join(a.cfg.RunDir, "fibers", fence.GrantUID+"-"+strconv.FormatUint(fence.Epoch, 10)+"-"+strconv.FormatUint(fence.Seq, 10)+".sock")
+		ln, url, err := endpoint.ListenUnix(path)
+		if err != nil {
+			return nil, "", err
+		}
+		h.sock = path
+		ul := ln.(*net.UnixListener)
+		ul.SetUnlinkOnClose(false)
+		f, err := ul.File()
+		ul.Close()
+		if err != nil {
+			return nil, "", err
+		}
+		return f, url, nil
+	}
+	ln, url, err := a.ports.Listen(a.cfg.EndpointFamily, a.host)
+	if err != nil {
+		return nil, "", err
+	}
+	tl := ln.(*net.TCPListener)
+	h.port = tl.Addr().(*net.TCPAddr).Port
+	f, err := tl.File()
+	tl.Close()
+	if err != nil {
+		return nil, "", err
+	}
+	return f, url, nil
+}

@@ -1,0 +1,444 @@
+package fiberd
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/go-jose/go-jose/v4"
+	"github.com/go-logr/logr/testr"
+	"go.uber.org/goleak"
+	clocktesting "k8s.io/utils/clock/testing"
+
+	"fiberd.io/fiberd/pkg/api"
+	"fiberd.io/fiberd/pkg/backend/fake"
+	"fiberd.io/fiberd/pkg/core"
+	"fiberd.io/fiberd/pkg/grant"
+	"fiberd.io/fiberd/pkg/home"
+	"fiberd.io/fiberd/pkg/template"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+const (
+	testIssuer = "https://issuer.test"
+	testNode   = "node-1"
+)
+
+var testStart = time.Date(2026, 11, 7, 12, 0, 0, 0, time.UTC)
+
+// fakeHome is an in-memory home.Home for the agent's tests: grants arrive on
+// Lane, health is a SourceHealth on the test's clock, readiness calls are
+// recorded. It is a ScopeLoser and an IssuerOverrider.
+type fakeHome struct {
+	health  *core.SourceHealth
+	lane    chan home.GrantEvent
+	own     []byte
+	selfUID string
+	noLane  bool
+
+	mu        sync.Mutex
+	ready     map[string]bool
+	published []string
+	scopeFn   func(context.Context, string)
+	closed    int
+	devErr    error
+	released  int
+}
+
+func newFakeHome(clk *clocktesting.FakeClock) *fakeHome {
+	return &fakeHome{
+		health: core.NewSourceHealth(30*time.Second, clk),
+		lane:   make(chan home.GrantEvent, 16),
+		ready:  map[string]bool{},
+	}
+}
+
+var (
+	_ home.Home       = (*fakeHome)(nil)
+	_ ScopeLoser      = (*fakeHome)(nil)
+	_ IssuerOverrider = (*fakeHome)(nil)
+)
+
+func (h *fakeHome) Name() string { return "fake" }
+func (h *fakeHome) Grants(ctx context.Context) (<-chan home.GrantEvent, error) {
+	if h.noLane {
+		return nil, nil
+	}
+	return h.lane, nil
+}
+func (h *fakeHome) Health() *core.SourceHealth { return h.health }
+func (h *fakeHome) CgroupRoot() string         { return "" }
+func (h *fakeHome) Devices(ctx context.Context, g core.Grant) (core.DeviceChannel, func(), error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.devErr != nil {
+		return core.DeviceChannel{}, nil, h.devErr
+	}
+	return core.DeviceChannel{Kind: core.DeviceKindStatic, Devices: []string{"/dev/null"}}, func() {
+		h.mu.Lock()
+		h.released++
+		h.mu.Unlock()
+	}, nil
+}
+func (h *fakeHome) PublishReady(ctx context.Context, uid string, ready bool) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.ready[uid] = ready
+	h.published = append(h.published, fmt.Sprintf("%s=%v", uid, ready))
+	return nil
+}
+func (h *fakeHome) Ready() bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for _, r := range h.ready {
+		if r {
+			return true
+		}
+	}
+	return false
+}
+func (h *fakeHome) Scope() []core.ScopeClaim { return []core.ScopeClaim{{Name: "node", Value: testNode}} }
+func (h *fakeHome) OwnGrant() ([]byte, bool) { return h.own, h.own != nil }
+func (h *fakeHome) SelfAdmitUID() string     { return h.selfUID }
+func (h *fakeHome) Run(ctx context.Context)  { <-ctx.Done() }
+func (h *fakeHome) Close() {
+	h.mu.Lock()
+	h.closed++
+	h.mu.Unlock()
+}
+func (h *fakeHome) OnScopeLost(fn func(context.Context, string)) {
+	h.mu.Lock()
+	h.scopeFn = fn
+	h.mu.Unlock()
+}
+func (h *fakeHome) SetIssuerReachable(ok bool) {
+	if ok {
+		h.health.Resume()
+	} else {
+		h.health.MarkUnreachable()
+	}
+}
+func (h *fakeHome) loseScope(reason string) {
+	h.mu.Lock()
+	fn := h.scopeFn
+	h.mu.Unlock()
+	fn(context.Background(), reason)
+}
+func (h *fakeHome) isReady(uid string) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.ready[uid]
+}
+
+// switchKeys is a KeySource whose keys can be made unverifiable.
+type switchKeys struct {
+	keys grant.KeySource
+	mu   sync.Mutex
+	down bool
+}
+
+func (s *switchKeys) Key(ctx context.Context, kid string) (*jose.JSONWebKey, error) {
+	s.mu.Lock()
+	down := s.down
+	s.mu.Unlock()
+	if down {
+		return nil, fmt.Errorf("keys never loaded: %w", core.ErrUnverifiable)
+	}
+	return s.keys.Key(ctx, kid)
+}
+
+func (s *switchKeys) setDown(d bool) {
+	s.mu.Lock()
+	s.down = d
+	s.mu.Unlock()
+}
+
+// env is one agent under test with its fakes.
+type env struct {
+	t        *testing.T
+	clk      *clocktesting.FakeClock
+	home     *fakeHome
+	warm     *fake.Backend
+	basic    *fake.Backend
+	keys     *switchKeys
+	signer   *grant.Signer
+	other    *grant.Signer // a key the agent does not trust
+	zygote   string        // template ref of a zygote template
+	plain    string        // template ref of a non-zygote template
+	cfg      Config
+	agent    *Agent
+	tcp      *http.Client
+	unix     *http.Client
+	tcpBase  string
+	stop     func()
+	runErr   chan error
+	stateDir string
+}
+
+type envOption func(*env)
+
+func withHooks(h fake.Hooks) envOption {
+	return func(e *env) { e.warm = fake.New(core.TierWarm, h) }
+}
+
+func withConfig(f func(*Config)) envOption {
+	return func(e *env) { f(&e.cfg) }
+}
+
+func withHome(f func(*fakeHome)) envOption {
+	return func(e *env) { f(e.home) }
+}
+
+// newEnv builds and runs an agent on a fake home, fake backends and a fake
+// clock, listening on loopback plaintext TCP and a unix socket.
+func newEnv(t *testing.T, opts ...envOption) *env {
+	t.Helper()
+	e := &env{t: t, clk: clocktesting.NewFakeClock(testStart)}
+	e.home = newFakeHome(e.clk)
+	e.warm = fake.New(core.TierWarm, fake.Hooks{})
+	e.basic = fake.New(core.TierBasic, fake.Hooks{})
+
+	key, err := grant.GenerateKey("EdDSA", "k1")
+	must(t, err)
+	e.signer, err = grant.NewSigner(key)
+	must(t, err)
+	jwks, err := grant.PublicJWKS(key)
+	must(t, err)
+	static, err := grant.NewStaticKeys(jwks)
+	must(t, err)
+	e.keys = &switchKeys{keys: static}
+	okey, err := grant.GenerateKey("EdDSA", "k1")
+	must(t, err)
+	e.other, err = grant.NewSigner(okey)
+	must(t, err)
+
+	// Short paths: unix socket paths are limited to 108 bytes.
+	state, err := os.MkdirTemp("", "fd")
+	must(t, err)
+	t.Cleanup(func() { os.RemoveAll(state) })
+	e.stateDir = state
+	tdir := filepath.Join(state, "templates")
+	must(t, os.MkdirAll(tdir, 0o755))
+	e.zygote = writeTemplate(t, tdir, "counter", `{"command":"/bin/true","zygote":true}`)
+	e.plain = writeTemplate(t, tdir, "plain", `{"command":"/bin/true","zygote":false}`)
+
+	e.cfg = Config{
+		Issuer: testIssuer, NodeID: testNode, Keys: e.keys, Templates: tdir,
+		StateDir: state, Listen: "127.0.0.1:0", InsecurePlaintext: true,
+		Clock: e.clk, Logger: testr.NewWithOptions(t, testr.Options{Verbosity: 1}),
+	}
+	for _, o := range opts {
+		o(e)
+	}
+	e.cfg.Home, e.cfg.Warm, e.cfg.Basic = e.home, e.warm, e.basic
+	e.start()
+	return e
+}
+
+// start runs a fresh agent on e.cfg.
+func (e *env) start() {
+	t := e.t
+	t.Helper()
+	a, err := New(context.Background(), e.cfg)
+	must(t, err)
+	e.agent = a
+	ctx, cancel := context.WithCancel(context.Background())
+	e.runErr = make(chan error, 1)
+	go func() { e.runErr <- a.Run(ctx) }()
+	tt := &http.Transport{}
+	e.tcp = &http.Client{Transport: tt}
+	e.tcpBase = "http://" + a.Addr().String()
+	sock := a.SocketPath()
+	ut := &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "unix", sock)
+	}}
+	e.unix = &http.Client{Transport: ut}
+	var once sync.Once
+	e.stop = func() {
+		once.Do(func() {
+			cancel()
+			select {
+			case err := <-e.runErr:
+				if err != nil {
+					t.Errorf("Run returned %v", err)
+				}
+			case <-time.After(30 * time.Second):
+				t.Errorf("Run did not return after its context ended")
+			}
+			tt.CloseIdleConnections()
+			ut.CloseIdleConnections()
+		})
+	}
+	t.Cleanup(e.stop)
+}
+
+func must(t *testing.T, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+func writeTemplate(t *testing.T, dir, name, spec string) string {
+	t.Helper()
+	must(t, os.WriteFile(filepath.Join(dir, name+".json"), []byte(spec), 0o644))
+	return name + "@sha256:" + template.Digest([]byte(spec))
+}
+
+// grantOpt adjusts a grant before it is minted.
+type grantOpt func(*core.Grant)
+
+func lease(d time.Duration) grantOpt {
+	return func(g *core.Grant) { g.Expiry = g.IssuedAt.Add(d) }
+}
+func tier(t core.Tier) grantOpt       { return func(g *core.Grant) { g.MinTier = t } }
+func templ(ref string) grantOpt       { return func(g *core.Grant) { g.Template = ref } }
+func maxFibers(n int) grantOpt        { return func(g *core.Grant) { g.Fibers.Max = n } }
+func issuedAt(at time.Time) grantOpt { return func(g *core.Grant) { g.IssuedAt = at; g.Expiry = at.Add(time.Hour) } }
+
+// mint signs a grant uid for the test node: the zygote template, max 4,
+// a one-hour lease from the fake clock's now.
+func (e *env) mint(uid string, opts ...grantOpt) string {
+	return e.mintWith(e.signer, uid, opts...)
+}
+
+func (e *env) mintWith(s *grant.Signer, uid string, opts ...grantOpt) string {
+	e.t.Helper()
+	now := e.clk.Now().Truncate(time.Second)
+	g := core.Grant{UID: uid, Issuer: testIssuer, Audience: testNode, Template: e.zygote,
+		Fibers: core.Fibers{Max: 4}, IssuedAt: now, Expiry: now.Add(time.Hour)}
+	for _, o := range opts {
+		o(&g)
+	}
+	tok, err := s.Mint(g)
+	must(e.t, err)
+	return string(tok)
+}
+
+// deliver puts a GrantAdded on the lane and waits until the grant is warm.
+func (e *env) deliver(token string) string {
+	e.t.Helper()
+	uid, err := grant.PeekUID([]byte(token))
+	must(e.t, err)
+	e.home.lane <- home.GrantEvent{Kind: home.GrantAdded, UID: uid, Token: []byte(token), Path: uid + ".jwt"}
+	e.eventually("grant "+uid+" warm", func() bool { return e.agent.isWarm(uid) && e.home.isReady(uid) })
+	return uid
+}
+
+func (e *env) remove(uid string) {
+	e.home.lane <- home.GrantEvent{Kind: home.GrantRemoved, UID: uid, Path: uid + ".jwt"}
+}
+
+// eventually polls cond for up to 10 s of wall time.
+func (e *env) eventually(what string, cond func() bool) {
+	e.t.Helper()
+	for i := 0; i < 1000; i++ {
+		if cond() {
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	e.t.Fatalf("timed out waiting for %s", what)
+}
+
+// reply is an HTTP answer, decoded.
+type reply struct {
+	status int
+	header http.Header
+	body   []byte
+}
+
+func (r reply) clone(t *testing.T) api.CloneResponse {
+	t.Helper()
+	var c api.CloneResponse
+	if err := json.Unmarshal(r.body, &c); err != nil {
+		t.Fatalf("clone response %s: %v", r.body, err)
+	}
+	return c
+}
+
+func (r reply) apiError(t *testing.T) api.Error {
+	t.Helper()
+	var e api.Error
+	if err := json.Unmarshal(r.body, &e); err != nil {
+		t.Fatalf("error body %q: %v", r.body, err)
+	}
+	return e
+}
+
+func (e *env) do(c *http.Client, method, path string, body io.Reader) reply {
+	e.t.Helper()
+	base := e.tcpBase
+	if c == e.unix {
+		base = "http://fiberd"
+	}
+	req, err := http.NewRequest(method, base+path, body)
+	must(e.t, err)
+	resp, err := c.Do(req)
+	must(e.t, err)
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	must(e.t, err)
+	return reply{status: resp.StatusCode, header: resp.Header, body: b}
+}
+
+func (e *env) post(c *http.Client, path string, v any) reply {
+	e.t.Helper()
+	var b []byte
+	switch x := v.(type) {
+	case string:
+		b = []byte(x)
+	default:
+		var err error
+		b, err = json.Marshal(v)
+		must(e.t, err)
+	}
+	return e.do(c, http.MethodPost, path, bytes.NewReader(b))
+}
+
+func (e *env) cloneReq(c *http.Client, req api.CloneRequest) reply {
+	e.t.Helper()
+	return e.post(c, "/v1/clone", req)
+}
+
+func (e *env) status() api.Status {
+	e.t.Helper()
+	r := e.do(e.unix, http.MethodGet, "/v1/status", nil)
+	if r.status != 200 {
+		e.t.Fatalf("status: %d %s", r.status, r.body)
+	}
+	var st api.Status
+	must(e.t, json.Unmarshal(r.body, &st))
+	return st
+}
+
+// watchLines reads NDJSON lines from r into a channel.
+func watchLines(r io.Reader) <-chan string {
+	ch := make(chan string, 64)
+	go func() {
+		defer close(ch)
+		sc := bufio.NewScanner(r)
+		sc.Buffer(make([]byte, 1<<20), 1<<20)
+		for sc.Scan() {
+			ch <- sc.Text()
+		}
+	}()
+	return ch
+}
+
+func contains(s, sub string) bool { return strings.Contains(s, sub) }

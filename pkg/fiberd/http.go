@@ -1,0 +1,262 @@
+package fiberd
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"math"
+	"net/http"
+	"strconv"
+
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"fiberd.io/fiberd/pkg/api"
+	"fiberd.io/fiberd/pkg/core"
+)
+
+// apiHandler is the HTTP API of ARCHITECTURE 4.4, served on the TCP
+// listener and the unix socket alike.
+func (a *Agent) apiHandler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /v1/clone", a.handleClone)
+	mux.HandleFunc("POST /v1/release", a.handleRelease)
+	mux.HandleFunc("POST /v1/park", a.handlePark)
+	mux.HandleFunc("GET /v1/status", a.handleStatus)
+	mux.HandleFunc("GET /v1/watch", a.handleWatch)
+	mux.HandleFunc("GET /healthz", a.handleHealthz)
+	mux.Handle("GET /metrics", promhttp.HandlerFor(a.cfg.Registry, promhttp.HandlerOpts{}))
+	return mux
+}
+
+func (a *Agent) handleClone(w http.ResponseWriter, r *http.Request) {
+	start := a.cfg.Clock.Now()
+	kind, outcome := "none", outcomeInvalid
+	defer func() {
+		a.metrics.clones.WithLabelValues(kind, outcome).Inc()
+		a.metrics.latency.WithLabelValues(kind, outcome).Observe(a.cfg.Clock.Since(start).Seconds())
+	}()
+	var req api.CloneRequest
+	if err := a.decode(w, r, &req); err != nil {
+		a.writeError(w, err)
+		return
+	}
+	resp, k, err := a.clone(r.Context(), req, authenticated(r))
+	if err != nil {
+		outcome = a.writeError(w, err)
+		if m, ok := core.IsMiss(err); ok {
+			a.log.V(1).Info("Clone missed", "code", m.Code, "reason", m.Reason)
+		} else if outcome == outcomeInternal {
+			a.log.Error(err, "Clone failed")
+		}
+		return
+	}
+	kind, outcome = k, outcomeServed
+	writeJSON(w, http.StatusOK, resp)
+}
+
+func (a *Agent) handleRelease(w http.ResponseWriter, r *http.Request) {
+	f, err := a.fiberOf(w, r)
+	if err != nil {
+		a.writeError(w, err)
+		return
+	}
+	fiber, ok := a.ledger.Remove(f.Fence)
+	if !ok { // exited or released meanwhile
+		a.writeError(w, errNotFound(f.Fence))
+		return
+	}
+	a.releaseFiber(r.Context(), fiber)
+	a.notify()
+	writeJSON(w, http.StatusOK, api.FiberRequest{FiberID: f.Fence.String()})
+}
+
+func (a *Agent) handlePark(w http.ResponseWriter, r *http.Request) {
+	f, err := a.fiberOf(w, r)
+	if err != nil {
+		a.writeError(w, err)
+		return
+	}
+	a.writeError(w, &tierGap{fence: f.Fence, tier: f.Tier})
+}
+
+// fiberOf decodes a FiberRequest and looks its fiber up: 400 for a
+// malformed id, 404 for one unknown or of an older epoch.
+func (a *Agent) fiberOf(w http.ResponseWriter, r *http.Request) (core.Fiber, error) {
+	var req api.FiberRequest
+	if err := a.decode(w, r, &req); err != nil {
+		return core.Fiber{}, err
+	}
+	fence, err := core.ParseFence(req.FiberID)
+	if err != nil {
+		return core.Fiber{}, err
+	}
+	return a.ledger.Lookup(fence)
+}
+
+func (a *Agent) handleStatus(w http.ResponseWriter, r *http.Request) {
+	writeJSON(w, http.StatusOK, a.status())
+}
+
+// handleWatch streams the status as newline-delimited JSON: one line now
+// and one per change, until the client goes away or the agent stops.
+func (a *Agent) handleWatch(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("Content-Type", "application/x-ndjson")
+	w.WriteHeader(http.StatusOK)
+	flusher, _ := w.(http.Flusher)
+	var last []byte
+	for {
+		changed := a.changes()
+		b, err := json.Marshal(a.status())
+		if err != nil {
+			return
+		}
+		if !bytes.Equal(b, last) {
+			if _, err := w.Write(append(b, '\n')); err != nil {
+				return
+			}
+			if flusher != nil {
+				flusher.Flush()
+			}
+			last = b
+		}
+		select {
+		case <-changed:
+		case <-r.Context().Done():
+			return
+		case <-a.stopping:
+			return
+		}
+	}
+}
+
+func (a *Agent) handleHealthz(w http.ResponseWriter, r *http.Request) {
+	select {
+	case <-a.stopping:
+		writeJSON(w, http.StatusServiceUnavailable, map[string]any{"ok": false, "reason": "stopping"})
+	default:
+		writeJSON(w, http.StatusOK, map[string]any{"ok": true, "epoch": a.ledger.Epoch()})
+	}
+}
+
+// status is the agent's view for GET /v1/status and /v1/watch.
+func (a *Agent) status() api.Status {
+	h := a.home.Health()
+	st := api.Status{
+		Home:   a.home.Name(),
+		Epoch:  a.ledger.Epoch(),
+		Lane:   api.Lane{Healthy: h.Healthy(), LastSync: h.LastSync()},
+		Ready:  a.home.Ready(),
+		Scope:  a.home.Scope(),
+		Grants: []api.GrantStatus{},
+	}
+	for _, gs := range a.ledger.Snapshot() {
+		g := gs.Grant
+		out := api.GrantStatus{
+			UID: g.UID, Template: g.Template, Warm: a.isWarm(g.UID), Running: len(gs.Running),
+			Max: g.Fibers.Max, LeaseExpiry: g.Expiry,
+		}
+		a.mu.Lock()
+		if rt := a.grants[g.UID]; rt != nil {
+			out.Tier = rt.backend.Tier()
+		}
+		a.mu.Unlock()
+		if gs.LastSeq > 0 {
+			out.LatestFence = &core.Fence{GrantUID: g.UID, Epoch: st.Epoch, Seq: gs.LastSeq}
+		}
+		for _, f := range gs.Running {
+			out.Fibers = append(out.Fibers, api.FiberStatus{FiberID: f.Fence.String(), Session: f.Session, Endpoint: f.Endpoint})
+		}
+		st.Grants = append(st.Grants, out)
+	}
+	return st
+}
+
+// decode reads a capped body and decodes it strictly into v.
+func (a *Agent) decode(w http.ResponseWriter, r *http.Request, v any) error {
+	b, err := readBody(w, r)
+	if err != nil {
+		return err
+	}
+	return decodeStrict(b, v)
+}
+
+// tierGap is a park on a tier without checkpoints.
+type tierGap struct {
+	fence core.Fence
+	tier  core.Tier
+}
+
+func (e *tierGap) Error() string {
+	return "fiber " + e.fence.String() + " runs at tier " + string(e.tier) + ", which cannot park: no CHECKPOINT tier on this home"
+}
+
+func (e *tierGap) Unwrap() error { return core.ErrTierGap }
+
+func errNotFound(f core.Fence) error {
+	return &wrapped{msg: "fiber " + f.String() + ": not running", err: core.ErrNotFound}
+}
+
+type wrapped struct {
+	msg string
+	err error
+}
+
+func (e *wrapped) Error() string { return e.msg + ": " + e.err.Error() }
+func (e *wrapped) Unwrap() error { return e.err }
+
+// writeError maps err to its status and body, the one place errors become
+// HTTP: a *core.Miss is 429 (SHED, with Retry-After) or 503
+// (DEFERRED_FALLBACK), naming the issuer; core.ErrInvalid 400 (413 for an
+// oversized body); core.ErrUnauthenticated 401; core.ErrNotFound 404;
+// core.ErrTierGap 412; anything else 500. It returns the clone outcome.
+func (a *Agent) writeError(w http.ResponseWriter, err error) string {
+	if m, ok := core.IsMiss(err); ok {
+		body := api.Error{Code: string(m.Code), Message: m.Reason, Issuer: m.Issuer}
+		if body.Issuer == "" {
+			body.Issuer = a.cfg.Issuer
+		}
+		if m.Code == core.CodeShed {
+			ra := m.RetryAfter
+			if ra <= 0 {
+				ra = a.cfg.RetryAfter
+			}
+			secs := int(math.Ceil(ra.Seconds()))
+			if secs < 1 {
+				secs = 1
+			}
+			body.RetryAfterSeconds = secs
+			w.Header().Set("Retry-After", strconv.Itoa(secs))
+			writeJSON(w, http.StatusTooManyRequests, body)
+			return outcomeShed
+		}
+		writeJSON(w, http.StatusServiceUnavailable, body)
+		return outcomeDeferred
+	}
+	var (
+		status  int
+		code    string
+		outcome string
+	)
+	switch {
+	case errors.Is(err, errTooLarge):
+		status, code, outcome = http.StatusRequestEntityTooLarge, api.CodeInvalid, outcomeInvalid
+	case errors.Is(err, core.ErrInvalid):
+		status, code, outcome = http.StatusBadRequest, api.CodeInvalid, outcomeInvalid
+	case errors.Is(err, core.ErrUnauthenticated):
+		status, code, outcome = http.StatusUnauthorized, api.CodeUnauthenticated, outcomeUnauthenticated
+	case errors.Is(err, core.ErrNotFound):
+		status, code, outcome = http.StatusNotFound, api.CodeNotFound, outcomeInvalid
+	case errors.Is(err, core.ErrTierGap):
+		status, code, outcome = http.StatusPreconditionFailed, api.CodeTierGap, outcomeTierGap
+	default:
+		status, code, outcome = http.StatusInternalServerError, api.CodeInternal, outcomeInternal
+	}
+	writeJSON(w, status, api.Error{Code: code, Message: err.Error()})
+	return outcome
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}

@@ -1,0 +1,131 @@
+package kubernetes
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"slices"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// PublishReady records that the grant's template is warm, or no longer is,
+// and sets the Pod condition when that flips "any template is warm".
+//
+// The condition is PodConditionZygoteReady, True with ReasonTemplateWarm
+// or False with ReasonNoWarmTemplate, and a message naming the grant. It is
+// sent as one strategic merge patch of the Pod's status, and only when the
+// answer flips. A failed patch is returned, and the record stands: the
+// next poll round that finds the condition disagreeing with Ready patches
+// again.
+func (h *Home) PublishReady(ctx context.Context, grantUID string, ready bool) error {
+	h.patchMu.Lock()
+	defer h.patchMu.Unlock()
+	h.mu.Lock()
+	before := len(h.warm) > 0
+	if ready {
+		h.warm[grantUID] = true
+	} else {
+		delete(h.warm, grantUID)
+	}
+	after := len(h.warm) > 0
+	h.mu.Unlock()
+	if before == after {
+		return nil
+	}
+	msg := fmt.Sprintf("grant %s has a warm template", grantUID)
+	if !after {
+		msg = fmt.Sprintf("no grant has a warm template: grant %s went cold", grantUID)
+	}
+	if err := h.patchCondition(ctx, after, msg); err != nil {
+		return err
+	}
+	h.log.Info("Published the Pod's readiness", "condition", PodConditionZygoteReady, "ready", after, "grant", grantUID)
+	return nil
+}
+
+// Ready reports whether any grant's template is warm, which is what the
+// Pod condition says once it is published.
+func (h *Home) Ready() bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return len(h.warm) > 0
+}
+
+// repairCondition patches the condition again when pod, just read, shows
+// it disagreeing with Ready: a patch that failed, or another writer. A Pod
+// without the condition agrees with not ready.
+func (h *Home) repairCondition(ctx context.Context, pod *corev1.Pod) {
+	h.patchMu.Lock()
+	defer h.patchMu.Unlock()
+	h.mu.Lock()
+	ready := len(h.warm) > 0
+	var first string
+	if ready {
+		uids := make([]string, 0, len(h.warm))
+		for uid := range h.warm {
+			uids = append(uids, uid)
+		}
+		slices.Sort(uids)
+		first = uids[0]
+	}
+	h.mu.Unlock()
+	shown := corev1.ConditionFalse
+	for _, c := range pod.Status.Conditions {
+		if c.Type == PodConditionZygoteReady {
+			shown = c.Status
+		}
+	}
+	want := corev1.ConditionFalse
+	if ready {
+		want = corev1.ConditionTrue
+	}
+	if shown == want {
+		return
+	}
+	msg := "no grant has a warm template"
+	if ready {
+		msg = fmt.Sprintf("grant %s has a warm template", first)
+	}
+	if err := h.patchCondition(ctx, ready, msg); err != nil {
+		h.log.Error(err, "Repairing the Pod condition failed; retrying next poll", "condition", PodConditionZygoteReady, "ready", ready)
+		return
+	}
+	h.log.Info("Repaired the Pod condition", "condition", PodConditionZygoteReady, "was", shown, "ready", ready)
+}
+
+// conditionPatch is the strategic merge patch that sets only the
+// readiness condition; conditions merge by type.
+func conditionPatch(ready bool, msg string, now metav1.Time) ([]byte, error) {
+	status, reason := corev1.ConditionFalse, ReasonNoWarmTemplate
+	if ready {
+		status, reason = corev1.ConditionTrue, ReasonTemplateWarm
+	}
+	type condition struct {
+		Type               string                 `json:"type"`
+		Status             corev1.ConditionStatus `json:"status"`
+		Reason             string                 `json:"reason"`
+		Message            string                 `json:"message"`
+		LastTransitionTime metav1.Time            `json:"lastTransitionTime"`
+	}
+	type status_ struct {
+		Conditions []condition `json:"conditions"`
+	}
+	return json.Marshal(struct {
+		Status status_ `json:"status"`
+	}{status_{Conditions: []condition{{
+		Type: PodConditionZygoteReady, Status: status, Reason: reason, Message: msg, LastTransitionTime: now,
+	}}}})
+}
+
+func (h *Home) patchCondition(ctx context.Context, ready bool, msg string) error {
+	patch, err := conditionPatch(ready, msg, metav1.NewTime(h.clk.Now()).Rfc3339Copy())
+	if err != nil {
+		return fmt.Errorf("pod %s/%s: condition %s: %w", h.cfg.PodNamespace, h.cfg.PodName, PodConditionZygoteReady, err)
+	}
+	if err := h.kube.PatchPodStatus(ctx, h.cfg.PodNamespace, h.cfg.PodName, patch); err != nil {
+		return fmt.Errorf("pod %s/%s: patching condition %s: %w", h.cfg.PodNamespace, h.cfg.PodName, PodConditionZygoteReady, err)
+	}
+	return nil
+}
