@@ -32,6 +32,7 @@
 #   FIBERD_KUBE_WATCH_PID        the process whose end stops the control plane (default: the parent of
 #                                this script, the one that ran "start"); 0 means no watchdog, so the
 #                                control plane runs until "stop"
+#   FIBERD_KUBE_WATCH_ACTION     what the watchdog does then: stop (default) keeps DIR, clean removes it
 #   FIBERD_KUBE_READY_TIMEOUT    seconds to wait for etcd and /readyz (default 60)
 #
 # Files in DIR: kubeconfig (admin; CA, client certificate and key embedded), api.url, api.port,
@@ -266,13 +267,14 @@ start_apiserver() {
 }
 
 start_watchdog() {
-	local watched=${FIBERD_KUBE_WATCH_PID:-$PPID}
+	local watched=${FIBERD_KUBE_WATCH_PID:-$PPID} action=${FIBERD_KUBE_WATCH_ACTION:-stop}
 	[[ $watched == 0 ]] && return 0
+	[[ $action == stop || $action == clean ]] || fail "FIBERD_KUBE_WATCH_ACTION=$action: want stop or clean"
 	[[ $watched =~ ^[0-9]+$ ]] && kill -0 "$watched" 2>/dev/null || fail "FIBERD_KUBE_WATCH_PID=$watched is not a live process"
 	# shellcheck disable=SC2016 # expanded by the inner shell
 	spawn watchdog bash -c 'while kill -0 "$1" 2>/dev/null; do sleep 1; done
-		echo "kube-up watchdog: process $1 is gone; stopping $3"
-		exec "$2" stop "$3"' watchdog "$watched" "$SELF" "$DIR/"
+		echo "kube-up watchdog: process $1 is gone; running $4 on $3"
+		exec "$2" "$4" "$3"' watchdog "$watched" "$SELF" "$DIR/" "$action"
 }
 
 start() {
@@ -286,6 +288,9 @@ start() {
 	trap 'rc=$?; ((rc == 0)) || { say "start failed; stopping what it started"; halt_all now; }; exit $rc' EXIT
 	trap 'exit 130' INT TERM HUP
 	pki
+	# The watchdog comes first: should the caller die while we start, it stops what we started
+	# (it waits for our lock, so it acts once this script is done).
+	start_watchdog
 	start_etcd
 	# Keep the port of an earlier run so clients configured then reach this run too. It may be
 	# briefly busy right after a stop; wait a little for it before taking another.
@@ -310,7 +315,6 @@ start() {
 		fi
 		exit 1
 	done
-	start_watchdog
 	trap - EXIT INT TERM HUP
 	say "ready in $((($(date +%s%N) - t0) / 1000000)) ms: https://127.0.0.1:$PORT (apiserver $(<"$DIR/apiserver.pid"), etcd $(<"$DIR/etcd.pid"))"
 	printf '%s\n' "$DIR/kubeconfig"

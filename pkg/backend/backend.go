@@ -183,7 +183,8 @@ func (r ExitReason) String() string {
 // Config configures a backend. Both NewProc and NewExec take it; fields
 // one of them does not use are ignored there.
 type Config struct {
-	// Logger receives lifecycle lines. Default klog.Background().
+	// Logger receives lifecycle lines. Default klog.Background(); a Logger
+	// with a nil sink (including logr.Discard()) counts as unset.
 	Logger logr.Logger
 	// Clock times the warm and kill timeouts. Default clock.RealClock{}.
 	Clock clock.WithDelayedExecution

@@ -200,7 +200,9 @@ func TestFiberEnds(t *testing.T) {
 
 // zygotePID finds the zygote of a grant: the child of this process that
 // carries the grant's uid in its environment.
-func zygotePID(t *testing.T, uid string) int {
+func zygotePID(t *testing.T, uid string) int { return zygotePIDOf(t, uid) }
+
+func zygotePIDOf(t testing.TB, uid string) int {
 	t.Helper()
 	want := "FIBERD_GRANT_UID=" + uid + "\x00"
 	ents, _ := os.ReadDir("/proc")

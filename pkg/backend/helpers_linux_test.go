@@ -16,7 +16,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/go-logr/logr"
+	"github.com/go-logr/logr/funcr"
 	"go.uber.org/goleak"
 
 	"fiberd.io/fiberd/pkg/core"
@@ -114,8 +114,12 @@ var (
 	}}
 )
 
+// quiet drops log lines. logr.Discard() has a nil sink, which Config reads
+// as "unset" and replaces with klog, so tests use a sink that does nothing.
+var quiet = funcr.New(func(prefix, args string) {}, funcr.Options{})
+
 func testConfig() Config {
-	return Config{Logger: logr.Discard(), WarmTimeout: 20 * time.Second, KillTimeout: 10 * time.Second}
+	return Config{Logger: quiet, WarmTimeout: 20 * time.Second, KillTimeout: 10 * time.Second}
 }
 
 func newBackend(tb testing.TB, tier core.Tier) Backend {

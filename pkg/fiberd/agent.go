@@ -6,10 +6,12 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"log"
 	"net"
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 
@@ -69,14 +71,14 @@ type Agent struct {
 
 // grantRT is the runtime side of an admitted grant.
 type grantRT struct {
-	grant    core.Grant
-	spec     template.Spec
-	backend  backend.Backend
-	cg       *cgroup.Grant // nil without a cgroup root
-	release  func()        // the device channel's release; nil until acquired
-	devices  core.DeviceChannel
-	warm     bool
-	warmErr  error
+	grant   core.Grant
+	spec    template.Spec
+	backend backend.Backend
+	cg      *cgroup.Grant // nil without a cgroup root
+	release func()        // the device channel's release; nil until acquired
+	devices core.DeviceChannel
+	warm    bool
+	warmErr error
 }
 
 // fiberHandle is the agent's part of a running fiber, kept in the ledger's
@@ -335,7 +337,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		srv := &http.Server{
 			Handler:           h,
 			ReadHeaderTimeout: 10 * time.Second,
-			ErrorLog:          nil,
+			ErrorLog:          log.New(logWriter{a.log}, "", 0),
 			ConnContext: func(c context.Context, _ net.Conn) context.Context {
 				return context.WithValue(c, authKey{}, authenticated)
 			},
@@ -446,6 +448,16 @@ func (a *Agent) changes() <-chan struct{} {
 func (a *Agent) isWarm(uid string) bool {
 	a.mu.Lock()
 	rt := a.grants[uid]
+	warm := rt != nil && rt.warm
 	a.mu.Unlock()
-	return rt != nil && rt.warm && rt.backend.Warmed(uid)
+	return warm && rt.backend.Warmed(uid)
+}
+
+// logWriter routes the HTTP servers' own error lines (failed TLS
+// handshakes and the like) to the agent's logger at V(1).
+type logWriter struct{ log logr.Logger }
+
+func (w logWriter) Write(p []byte) (int, error) {
+	w.log.V(1).Info("HTTP server", "message", strings.TrimSpace(string(p)))
+	return len(p), nil
 }

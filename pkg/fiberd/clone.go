@@ -67,7 +67,10 @@ func (a *Agent) clone(ctx context.Context, req api.CloneRequest, authed bool) (a
 		g, err := a.verifier.Verify(ctx, token)
 		switch {
 		case errors.Is(err, core.ErrUnverifiable):
-			return api.CloneResponse{}, "", a.miss(err.Error())
+			// Keys that are missing or stale are the issuer's outage, not a
+			// bad token and not a lack of capacity: always back off
+			// (ARCHITECTURE 4.1).
+			return api.CloneResponse{}, "", core.Shed(err.Error(), a.cfg.Issuer, a.cfg.RetryAfter)
 		case err != nil:
 			return api.CloneResponse{}, "", err
 		}
@@ -140,8 +143,13 @@ func (a *Agent) create(ctx context.Context, res *core.Reservation, payload []byt
 	uid := fence.GrantUID
 	a.mu.Lock()
 	rt := a.grants[uid]
+	var cg *cgroup.Grant
+	warm := rt != nil && rt.warm
+	if rt != nil {
+		cg = rt.cg
+	}
 	a.mu.Unlock()
-	if rt == nil || !rt.warm || !rt.backend.Warmed(uid) {
+	if !warm || !rt.backend.Warmed(uid) {
 		return api.CloneResponse{}, a.miss(fmt.Sprintf("grant %q: template not warm", uid))
 	}
 
@@ -158,8 +166,8 @@ func (a *Agent) create(ctx context.Context, res *core.Reservation, payload []byt
 
 	breq := backend.CloneRequest{Fence: fence, Listener: lf, Payload: payload}
 	var leaf *cgroup.Leaf
-	if rt.cg != nil {
-		l, err := rt.cg.Fiber(fence.Epoch, fence.Seq)
+	if cg != nil {
+		l, err := cg.Fiber(fence.Epoch, fence.Seq)
 		if err != nil {
 			a.freeFiber(core.Fiber{Handle: h})
 			return api.CloneResponse{}, fmt.Errorf("fiber %s: cgroup leaf: %w", fence, err)

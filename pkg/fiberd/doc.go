@@ -43,10 +43,10 @@
 // before they are read and decoded strictly. Outcomes: 200 served; 429 SHED
 // with Retry-After; 503 DEFERRED_FALLBACK; 412 tier gap; 400 malformed (413
 // oversized); 401 unverified; 404 unknown or older-epoch fiber; 500 runtime
-// fault. A capacity miss (unknown, denied, lapsed or unverifiable grant, at
-// fibers.max, template not warm) is DEFERRED_FALLBACK while the home's lane
-// is healthy and SHED while stale; the thrash budget and pressure are always
-// SHED. Every miss body names its code and the issuer.
+// fault. A capacity miss (unknown, denied or lapsed grant, at fibers.max,
+// template not warm) is DEFERRED_FALLBACK while the home's lane is healthy
+// and SHED while stale; an unverifiable token (issuer keys never loaded or
+// stale), the thrash budget and pressure are always SHED. Every miss body names its code and the issuer.
 //
 // Callers are authenticated by their connection: the unix socket (mode
 // 0600) and a TLS 1.3 listener requiring client certificates count as

@@ -111,7 +111,9 @@ func (h *fakeHome) Ready() bool {
 	}
 	return false
 }
-func (h *fakeHome) Scope() []core.ScopeClaim { return []core.ScopeClaim{{Name: "node", Value: testNode}} }
+func (h *fakeHome) Scope() []core.ScopeClaim {
+	return []core.ScopeClaim{{Name: "node", Value: testNode}}
+}
 func (h *fakeHome) OwnGrant() ([]byte, bool) { return h.own, h.own != nil }
 func (h *fakeHome) SelfAdmitUID() string     { return h.selfUID }
 func (h *fakeHome) Run(ctx context.Context)  { <-ctx.Done() }
@@ -192,7 +194,10 @@ type env struct {
 type envOption func(*env)
 
 func withHooks(h fake.Hooks) envOption {
-	return func(e *env) { e.warm = fake.New(core.TierWarm, h) }
+	return func(e *env) {
+		_ = e.warm.Close()
+		e.warm = fake.New(core.TierWarm, h)
+	}
 }
 
 func withConfig(f func(*Config)) envOption {
@@ -244,9 +249,27 @@ func newEnv(t *testing.T, opts ...envOption) *env {
 	for _, o := range opts {
 		o(e)
 	}
-	e.cfg.Home, e.cfg.Warm, e.cfg.Basic = e.home, e.warm, e.basic
+	e.cfg.Home = e.home
+	if e.warm != nil {
+		e.cfg.Warm = e.warm
+	}
+	if e.basic != nil {
+		e.cfg.Basic = e.basic
+	}
 	e.start()
 	return e
+}
+
+// noWarm leaves the agent without a WARM backend.
+func noWarm() envOption {
+	return func(e *env) {
+		_ = e.warm.Close()
+		e.warm = nil
+	}
+}
+
+func homeAdded(uid, token string) home.GrantEvent {
+	return home.GrantEvent{Kind: home.GrantAdded, UID: uid, Token: []byte(token), Path: uid + ".jwt"}
 }
 
 // start runs a fresh agent on e.cfg.
@@ -306,10 +329,12 @@ type grantOpt func(*core.Grant)
 func lease(d time.Duration) grantOpt {
 	return func(g *core.Grant) { g.Expiry = g.IssuedAt.Add(d) }
 }
-func tier(t core.Tier) grantOpt       { return func(g *core.Grant) { g.MinTier = t } }
-func templ(ref string) grantOpt       { return func(g *core.Grant) { g.Template = ref } }
-func maxFibers(n int) grantOpt        { return func(g *core.Grant) { g.Fibers.Max = n } }
-func issuedAt(at time.Time) grantOpt { return func(g *core.Grant) { g.IssuedAt = at; g.Expiry = at.Add(time.Hour) } }
+func tier(t core.Tier) grantOpt { return func(g *core.Grant) { g.MinTier = t } }
+func templ(ref string) grantOpt { return func(g *core.Grant) { g.Template = ref } }
+func maxFibers(n int) grantOpt  { return func(g *core.Grant) { g.Fibers.Max = n } }
+func issuedAt(at time.Time) grantOpt {
+	return func(g *core.Grant) { g.IssuedAt = at; g.Expiry = at.Add(time.Hour) }
+}
 
 // mint signs a grant uid for the test node: the zygote template, max 4,
 // a one-hour lease from the fake clock's now.

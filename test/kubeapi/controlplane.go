@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -272,8 +273,9 @@ func (cp *ControlPlane) readConfig() (*rest.Config, error) {
 		Host:            strings.TrimSpace(string(url)),
 		TLSClientConfig: rest.TLSClientConfig{CAData: ca, CertData: crt, KeyData: key},
 		// Tests create objects in bursts; the client-side default of 5 QPS only slows them.
-		QPS:   200,
-		Burst: 400,
+		WarningHandler: rest.NoWarnings{},
+		QPS:            200,
+		Burst:          400,
 	}, nil
 }
 
@@ -286,12 +288,16 @@ func (cp *ControlPlane) run(action string, env []string) (string, error) {
 	cmd.Env = append(cmd.Env,
 		"FIBERD_KUBE_BIN="+cp.bin,
 		"FIBERD_KUBE_WATCH_PID="+strconv.Itoa(os.Getpid()),
+		// A test binary that dies leaves no directory behind either.
+		"FIBERD_KUBE_WATCH_ACTION=clean",
 	)
+	// On timeout, SIGTERM lets the script's trap stop what it started (SIGKILL follows WaitDelay later).
+	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	// The processes it starts write to their own log files, never to these pipes, so Wait
-	// returns when the script does; WaitDelay is a backstop should that ever change.
-	cmd.WaitDelay = 5 * time.Second
+	// returns when the script does. WaitDelay bounds the wait after a cancel.
+	cmd.WaitDelay = 20 * time.Second
 	if err := cmd.Run(); err != nil {
 		return "", fmt.Errorf("%s %s %s: %w\n%s", cp.script, action, cp.dir, err, strings.TrimSpace(stderr.String()))
 	}

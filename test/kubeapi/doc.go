@@ -10,8 +10,9 @@
 // stops the control plane afterwards; the first test that calls Shared or NewEnv starts it, so a
 // binary whose selected tests need none starts none. A test that must stop, restart or reconfigure
 // a control plane (liveness, API version discovery) calls Start for one of its own, which its
-// t.Cleanup removes. Every control plane has a watchdog process that stops it once the test
-// binary is gone, even when the binary was killed by its timeout and no cleanup ran.
+// t.Cleanup removes. Every control plane has a watchdog process that stops it and removes its
+// directory once the test binary is gone, even when the binary was killed by its timeout and no
+// cleanup ran.
 //
 // Each test gets a fresh namespace from NewEnv, so tests do not see each other's objects. A deleted
 // namespace stays Terminating for ever here (no namespace controller runs), which is also how a

@@ -27,7 +27,7 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 var t0 = time.Unix(1_800_000_000, 0).UTC()
 
-// noCgroups keeps a test's home off the host's cgroups.
+// base quiets a test's home.
 func base(c Config) Config {
 	c.Logger = logr.Discard()
 	return c
@@ -179,8 +179,7 @@ func TestGrantsFromTheDirectory(t *testing.T) {
 
 	tok := mintToken(t, "g-one")
 	writeAtomic(t, filepath.Join(dir, "one.jwt"), tok)
-	stepUntil(t, clk, home.DefaultGrantsPoll, func() bool { return len(ch) > 0 }, ch)
-	ev := <-ch
+	ev := nextEvent(t, clk, ch)
 	if ev.Kind != home.GrantAdded || ev.UID != "g-one" || string(ev.Token) != string(tok) {
 		t.Fatalf("event %v %q, want GrantAdded g-one with the token", ev.Kind, ev.UID)
 	}
@@ -382,7 +381,7 @@ func nextEvent(t *testing.T, clk *clocktesting.FakeClock, ch <-chan home.GrantEv
 				t.Fatal("lane closed")
 			}
 			return ev
-		default:
+		case <-time.After(20 * time.Millisecond):
 		}
 		if clk.HasWaiters() {
 			clk.Step(home.DefaultGrantsPoll)
@@ -391,17 +390,6 @@ func nextEvent(t *testing.T, clk *clocktesting.FakeClock, ch <-chan home.GrantEv
 	}
 	t.Fatal("no lane event within 10s")
 	return home.GrantEvent{}
-}
-
-// stepUntil waits for the lane's first poll result, peeking by select.
-func stepUntil(t *testing.T, clk *clocktesting.FakeClock, d time.Duration, _ func() bool, ch <-chan home.GrantEvent) {
-	t.Helper()
-	// The lane's channel is unbuffered: the event is pending in a send,
-	// so nextEvent both steps and receives; here we only make sure the
-	// ticker exists before the caller reads.
-	waitFor(t, "the lane's ticker", clk.HasWaiters)
-	_ = d
-	_ = ch
 }
 
 // stepTicker waits for Run's ticker, then steps the clock by d.

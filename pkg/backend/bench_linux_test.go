@@ -1,0 +1,219 @@
+package backend
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"fiberd.io/fiberd/pkg/core"
+)
+
+// benchCases: the 200 ms init makes the difference between warm and cold
+// visible; warm pays it once in Warm, exec per Clone.
+var benchCases = []impl{
+	{"warm-c", core.TierWarm, kindC},
+	{"warm-python", core.TierWarm, kindPython},
+	{"exec-c", core.TierBasic, kindC},
+	{"exec-python", core.TierBasic, kindPython},
+}
+
+// firstByte dials ep, sends a GET and returns once the first byte of the
+// answer arrived.
+func firstByte(ep endpoint) error {
+	c, err := net.Dial(ep.network, ep.addr)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	if _, err := io.WriteString(c, "GET / HTTP/1.1\r\nHost: fiber\r\n\r\n"); err != nil {
+		return err
+	}
+	var one [1]byte
+	_, err = io.ReadFull(c, one[:])
+	return err
+}
+
+func percentile(d []time.Duration, p float64) time.Duration {
+	if len(d) == 0 {
+		return 0
+	}
+	s := slices.Clone(d)
+	slices.Sort(s)
+	return s[int(float64(len(s)-1)*p)]
+}
+
+func reportLatency(b *testing.B, d []time.Duration, prefix string) {
+	ms := func(x time.Duration) float64 { return float64(x) / float64(time.Millisecond) }
+	b.ReportMetric(ms(percentile(d, 0.5)), prefix+"p50-ms")
+	b.ReportMetric(ms(percentile(d, 0.9)), prefix+"p90-ms")
+}
+
+// BenchmarkCloneToFirstByte measures one Clone until the first byte of the
+// fiber's HTTP answer, the listener bound beforehand (as fiberd does). The
+// release of each fiber is outside the timer.
+func BenchmarkCloneToFirstByte(b *testing.B) {
+	for _, bc := range benchCases {
+		b.Run(bc.name, func(b *testing.B) {
+			be := newBackend(b, bc.tier)
+			uid := uidFor(b)
+			warm(b, be, uid, bc.kind.spec(b, "--init-ms", "200"), "")
+			ctx := context.Background()
+			lat := make([]time.Duration, 0, b.N)
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				b.StopTimer()
+				ep := listen(b, i%2 == 0)
+				f := fence(uid, uint64(i+1))
+				b.StartTimer()
+				start := time.Now()
+				if _, err := be.Clone(ctx, CloneRequest{Fence: f, Listener: ep.file}); err != nil {
+					b.Fatal(err)
+				}
+				if err := firstByte(ep); err != nil {
+					b.Fatal(err)
+				}
+				lat = append(lat, time.Since(start))
+				b.StopTimer()
+				if err := be.Kill(ctx, f); err != nil {
+					b.Fatal(err)
+				}
+				<-be.Exits()
+				ep.file.Close()
+				b.StartTimer()
+			}
+			b.StopTimer()
+			reportLatency(b, lat, "")
+		})
+	}
+}
+
+// BenchmarkBurst50 clones 50 fibers at once and measures until every one
+// has sent its first byte (burst-ms), and each fiber's own latency.
+func BenchmarkBurst50(b *testing.B) {
+	const n = 50
+	for _, bc := range benchCases[:3] {
+		b.Run(bc.name, func(b *testing.B) {
+			be := newBackend(b, bc.tier)
+			uid := uidFor(b)
+			warm(b, be, uid, bc.kind.spec(b, "--init-ms", "200"), "")
+			ctx := context.Background()
+			var all, each []time.Duration
+			seq := uint64(0)
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				b.StopTimer()
+				eps := make([]endpoint, n)
+				fences := make([]core.Fence, n)
+				for j := range eps {
+					eps[j] = listen(b, j%2 == 0)
+					seq++
+					fences[j] = fence(uid, seq)
+				}
+				lat := make([]time.Duration, n)
+				errs := make(chan error, n)
+				var wg sync.WaitGroup
+				b.StartTimer()
+				start := time.Now()
+				for j := range eps {
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						s := time.Now()
+						if _, err := be.Clone(ctx, CloneRequest{Fence: fences[j], Listener: eps[j].file}); err != nil {
+							errs <- err
+							return
+						}
+						if err := firstByte(eps[j]); err != nil {
+							errs <- err
+							return
+						}
+						lat[j] = time.Since(s)
+					}()
+				}
+				wg.Wait()
+				all = append(all, time.Since(start))
+				b.StopTimer()
+				close(errs)
+				for err := range errs {
+					b.Fatal(err)
+				}
+				each = append(each, lat...)
+				for j := range eps {
+					if err := be.Kill(ctx, fences[j]); err != nil {
+						b.Fatal(err)
+					}
+					<-be.Exits()
+					eps[j].file.Close()
+				}
+				b.StartTimer()
+			}
+			b.StopTimer()
+			b.ReportMetric(float64(percentile(all, 0.5))/float64(time.Millisecond), "burst-ms")
+			reportLatency(b, each, "fiber-")
+		})
+	}
+}
+
+// pss50 warms a C zygote holding 64 MiB, clones 50 fibers that each dirty
+// 4 MiB of their own, and returns the summed proportional set size of the
+// zygote and the fibers (from /proc/<pid>/smaps_rollup), in MiB.
+func pss50(tb testing.TB) float64 {
+	be := newBackend(tb, core.TierWarm)
+	uid := uidFor(tb)
+	warm(tb, be, uid, kindC.spec(tb, "--hold-mib", "64", "--dirty-mib", "4"), "")
+	ctx := context.Background()
+	pids := []int{zygotePIDOf(tb, uid)}
+	for i := uint64(1); i <= 50; i++ {
+		ep := listen(tb, true)
+		f, err := be.Clone(ctx, CloneRequest{Fence: fence(uid, i), Listener: ep.file})
+		if err != nil {
+			tb.Fatal(err)
+		}
+		if err := firstByte(ep); err != nil { // the fiber dirtied its 4 MiB before accepting
+			tb.Fatal(err)
+		}
+		pids = append(pids, f.PID)
+	}
+	var kib int64
+	for _, pid := range pids {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/smaps_rollup", pid))
+		if err != nil {
+			tb.Fatal(err)
+		}
+		for _, line := range strings.Split(string(b), "\n") {
+			if rest, ok := strings.CutPrefix(line, "Pss:"); ok {
+				v, _ := strconv.ParseInt(strings.Fields(rest)[0], 10, 64)
+				kib += v
+			}
+		}
+	}
+	return float64(kib) / 1024
+}
+
+// TestPSS50Fibers: 50 fibers of a 64 MiB zygote, each dirtying 4 MiB, must
+// cost at most 400 MiB of PSS in total (copy-on-write keeps the 64 MiB
+// shared; 51 private copies would be over 3 GiB).
+func TestPSS50Fibers(t *testing.T) {
+	mib := pss50(t)
+	t.Logf("PSS of the zygote and 50 fibers: %.1f MiB", mib)
+	if mib > 400 {
+		t.Fatalf("PSS %.1f MiB is over 400 MiB", mib)
+	}
+}
+
+// BenchmarkPSS50Fibers reports the figure TestPSS50Fibers checks.
+func BenchmarkPSS50Fibers(b *testing.B) {
+	var mib float64
+	for i := 0; i < b.N; i++ {
+		mib = pss50(b)
+	}
+	b.ReportMetric(mib, "pss-MiB")
+}

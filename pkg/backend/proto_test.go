@@ -1,0 +1,103 @@
+package backend
+
+import (
+	"strings"
+	"testing"
+
+	"fiberd.io/fiberd/pkg/core"
+	"fiberd.io/fiberd/pkg/template"
+)
+
+func TestParseMessage(t *testing.T) {
+	tests := []struct {
+		in   string
+		want message
+		ok   bool
+	}{
+		{"READY", message{kind: msgReady}, true},
+		{"READY now", message{}, false},
+		{"CLONED g/1/2 4242", message{kind: msgCloned, fence: "g/1/2", pid: 4242}, true},
+		{"CLONED g/1/2 1", message{}, false},
+		{"CLONED g/1/2 x", message{}, false},
+		{"CLONED g/1 4242", message{}, false},
+		{"ERROR g/1/2 fork: no memory", message{kind: msgError, fence: "g/1/2", reason: "fork: no memory"}, true},
+		{"EXITED g/1/2 exit:7", message{kind: msgExited, fence: "g/1/2", exit: ExitReason{Code: 7}}, true},
+		{"EXITED g/1/2 signal:SIGSEGV", message{kind: msgExited, fence: "g/1/2", exit: ExitReason{Signal: "SIGSEGV"}}, true},
+		{"EXITED g/1/2 exit:256", message{}, false},
+		{"EXITED g/1/2 signal:", message{}, false},
+		{"EXITED g/1/2 crashed", message{}, false},
+		{"HELLO", message{}, false},
+		{"EXITED g/1/2 exit:0\n", message{}, false},
+		{"", message{}, false},
+	}
+	for _, tt := range tests {
+		got, err := parseMessage([]byte(tt.in))
+		if (err == nil) != tt.ok {
+			t.Errorf("parseMessage(%q) error = %v, want ok=%v", tt.in, err, tt.ok)
+			continue
+		}
+		if tt.ok && got != tt.want {
+			t.Errorf("parseMessage(%q) = %+v, want %+v", tt.in, got, tt.want)
+		}
+	}
+}
+
+func TestFormatClone(t *testing.T) {
+	f := core.Fence{GrantUID: "g", Epoch: 3, Seq: 9}
+	if got := formatClone(f, nil); got != "CLONE g/3/9 -" {
+		t.Errorf("formatClone(nil) = %q", got)
+	}
+	if got := formatClone(f, []byte{0xab, 0x01}); got != "CLONE g/3/9 ab01" {
+		t.Errorf("formatClone = %q", got)
+	}
+	if n := len(formatClone(core.Fence{GrantUID: strings.Repeat("a", 63), Epoch: ^uint64(0), Seq: ^uint64(0)}, make([]byte, MaxPayload))); n > maxMessage {
+		t.Errorf("largest CLONE is %d bytes, over maxMessage %d", n, maxMessage)
+	}
+}
+
+func TestExitReasonString(t *testing.T) {
+	for r, want := range map[ExitReason]string{
+		{}:                                "exit:0",
+		{Code: 3}:                         "exit:3",
+		{Signal: "SIGKILL"}:               "signal:SIGKILL",
+		{TemplateDied: true}:              "template died",
+		{Signal: "SIGKILL", Killed: true}: "killed",
+	} {
+		if got := r.String(); got != want {
+			t.Errorf("%+v.String() = %q, want %q", r, got, want)
+		}
+	}
+}
+
+func TestFiberdEnvWins(t *testing.T) {
+	env := fiberdEnv("/bin", WarmRequest{
+		Grant:   core.Grant{UID: "g"},
+		Spec:    template.Spec{Command: "/x", Env: map[string]string{"FIBERD_GRANT_UID": "evil", "LISTEN_FDS": "9", "A": "1", "PATH": "/opt"}},
+		Devices: core.DeviceChannel{Devices: []string{"/dev/a", "/dev/b"}, Claims: []string{"c"}},
+	})
+	got := strings.Join(env, " ")
+	want := "PATH=/bin A=1 PATH=/opt FIBERD_GRANT_UID=g FIBERD_DEVICES=/dev/a,/dev/b FIBERD_DEVICE_CLAIMS=c"
+	if got != want {
+		t.Errorf("env = %q, want %q", got, want)
+	}
+}
+
+// FuzzParseMessage: a zygote's messages are the template's code talking;
+// parsing must never panic and anything accepted must name a valid fence.
+func FuzzParseMessage(f *testing.F) {
+	for _, s := range []string{"READY", "CLONED g/1/2 42", "ERROR g/1/2 why", "EXITED g/1/2 exit:0", "EXITED g/1/2 signal:SIGKILL", "CLONED  ", "EXITED a/b/c exit:-1"} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		m, err := parseMessage(b)
+		if err != nil || m.kind == msgReady {
+			return
+		}
+		if _, err := core.ParseFence(m.fence); err != nil {
+			t.Fatalf("accepted %q with bad fence %q", b, m.fence)
+		}
+		if m.kind == msgCloned && m.pid <= 1 {
+			t.Fatalf("accepted pid %d", m.pid)
+		}
+	})
+}

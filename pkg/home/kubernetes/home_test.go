@@ -1,0 +1,456 @@
+package kubernetes_test
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"slices"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+	corev1 "k8s.io/api/core/v1"
+
+	"fiberd.io/fiberd/pkg/core"
+	"fiberd.io/fiberd/pkg/endpoint"
+	"fiberd.io/fiberd/pkg/fiberd"
+	"fiberd.io/fiberd/pkg/home"
+	"fiberd.io/fiberd/pkg/home/kubernetes"
+	"fiberd.io/fiberd/pkg/home/kubernetes/fake"
+)
+
+// "Home is the Kubernetes home. It implements home.Home, and the optional
+// fiberd.ScopeLoser, fiberd.EndpointHoster and the issuer override behind
+// the admin socket." The home itself must not import pkg/fiberd, so the
+// optional ones are checked here.
+var (
+	_ home.Home              = (*kubernetes.Home)(nil)
+	_ fiberd.ScopeLoser      = (*kubernetes.Home)(nil)
+	_ fiberd.EndpointHoster  = (*kubernetes.Home)(nil)
+	_ fiberd.IssuerOverrider = (*kubernetes.Home)(nil)
+	_ kubernetes.Kube        = (*fake.Kube)(nil)
+)
+
+// "Name is what this home is selected by."
+func TestName(t *testing.T) {
+	h, _, _ := newHome(t, nil)
+	if kubernetes.Name != "kubernetes" || h.Name() != kubernetes.Name {
+		t.Fatalf("Name = %q, Name() = %q; want \"kubernetes\"", kubernetes.Name, h.Name())
+	}
+}
+
+// CgroupRoot set: "used as given".
+func TestCgroupRootAsGiven(t *testing.T) {
+	dir := t.TempDir()
+	h, _, _ := newHome(t, func(c *kubernetes.Config) { c.CgroupRoot = dir })
+	if got := h.CgroupRoot(); got != dir {
+		t.Fatalf("CgroupRoot() = %q, want the configured %q", got, dir)
+	}
+}
+
+// SelfAdmitUID "is the Pod UID".
+func TestSelfAdmitUIDIsThePodUID(t *testing.T) {
+	h, _, _ := newHome(t, nil)
+	if got := h.SelfAdmitUID(); got != testUID {
+		t.Fatalf("SelfAdmitUID() = %q, want the Pod UID %q", got, testUID)
+	}
+}
+
+// OwnGrant: "A home without a grant fetch holds none."
+func TestOwnGrantWithoutFetchHoldsNone(t *testing.T) {
+	h, _, _ := newHome(t, func(c *kubernetes.Config) { c.GrantsDir = t.TempDir() })
+	if tok, ok := h.OwnGrant(); ok || tok != nil {
+		t.Fatalf("OwnGrant() = %q, %v; want none", tok, ok)
+	}
+}
+
+// Scope: "Before the first Pod is stored it holds what the configuration
+// knows, the namespace, the Pod name and its UID. A stored Pod adds the
+// service account, the node and one claim per ResourceClaim."
+func TestScopeBeforeAndAfterThePod(t *testing.T) {
+	h, k, _ := newHome(t, nil)
+	p := withClaim(withClaim(newPod(), "gpu"), "nic")
+	k.SetPod(p)
+	before := []core.ScopeClaim{{Name: "namespace", Value: testNS}, {Name: "pod", Value: testPod}, {Name: "pod_uid", Value: testUID}}
+	if got := h.Scope(); !slices.Equal(got, before) {
+		t.Fatalf("Scope() before the Pod = %v, want %v", got, before)
+	}
+	run(t, h)
+	rounds(t, k, 1)
+	after := append(slices.Clone(before),
+		core.ScopeClaim{Name: "service_account", Value: testSA},
+		core.ScopeClaim{Name: "node", Value: testNode},
+		core.ScopeClaim{Name: "resource_claim", Value: "gpu"},
+		core.ScopeClaim{Name: "resource_claim", Value: "nic"},
+	)
+	eventually(t, "the stored Pod in the scope", func() bool { return slices.Equal(h.Scope(), after) })
+}
+
+// A Pod read with another UID is not stored: the scope keeps what the
+// configuration knows.
+func TestReplacementPodIsNotStored(t *testing.T) {
+	h, k, _ := newHome(t, nil)
+	p := newPod()
+	p.UID = otherUID
+	p.Spec.NodeName = "elsewhere"
+	k.SetPod(p)
+	run(t, h)
+	rounds(t, k, 1)
+	settle()
+	if got := h.Scope(); len(got) != 3 {
+		t.Fatalf("Scope() = %v after reading a replacement Pod; want only the configured facts", got)
+	}
+}
+
+// EndpointHost "is the Pod's IP of the configured family"; "The unix family
+// advertises no address, so it returns "" at once."
+func TestEndpointHostByFamily(t *testing.T) {
+	tests := []struct {
+		name   string
+		family endpoint.Family
+		pod    func(*corev1.Pod)
+		want   string
+	}{
+		{"inet4 dual stack", endpoint.Inet4, nil, "10.0.0.7"},
+		{"inet6 dual stack", endpoint.Inet6, nil, "fd00::7"},
+		{"inet6 listed first", endpoint.Inet4, func(p *corev1.Pod) {
+			p.Status.PodIPs = []corev1.PodIP{{IP: "fd00::7"}, {IP: "10.0.0.8"}}
+		}, "10.0.0.8"},
+		{"podIP only", endpoint.Inet6, func(p *corev1.Pod) {
+			p.Status.PodIPs = nil
+			p.Status.PodIP = "fd00::9"
+		}, "fd00::9"},
+		{"unix", endpoint.Unix, nil, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			h, k, _ := newHome(t, func(c *kubernetes.Config) { c.Family = tt.family })
+			p := newPod()
+			if tt.pod != nil {
+				tt.pod(p)
+			}
+			k.SetPod(p)
+			if got := h.EndpointHost(); got != tt.want {
+				t.Fatalf("EndpointHost() = %q, want %q", got, tt.want)
+			}
+			if tt.family == endpoint.Unix && k.Calls(fake.GetPod) != 0 {
+				t.Fatal("the unix family read the Pod")
+			}
+		})
+	}
+}
+
+// "The last Pod stored is consulted first."
+func TestEndpointHostConsultsTheStoredPodFirst(t *testing.T) {
+	h, k, _ := newHome(t, func(c *kubernetes.Config) { c.Family = endpoint.Inet4 })
+	run(t, h)
+	rounds(t, k, 1)
+	eventually(t, "the Pod stored", func() bool { return len(h.Scope()) > 3 })
+	k.Fail(fake.GetPod, errors.New("down"))
+	reads := k.Calls(fake.GetPod)
+	if got := h.EndpointHost(); got != "10.0.0.7" {
+		t.Fatalf("EndpointHost() = %q, want the stored Pod's 10.0.0.7", got)
+	}
+	if k.Calls(fake.GetPod) != reads {
+		t.Fatal("EndpointHost read the Pod although one was stored")
+	}
+}
+
+// "the home then reads the Pod every podIPRetry for up to podIPWait" (500
+// ms and 90 s): an address written after a while is found.
+func TestEndpointHostWaitsForTheAddress(t *testing.T) {
+	h, k, clk := newHome(t, func(c *kubernetes.Config) { c.Family = endpoint.Inet4 })
+	p := newPod()
+	p.Status.PodIP, p.Status.PodIPs = "", nil
+	k.SetPod(p)
+	got := make(chan string, 1)
+	go func() { got <- h.EndpointHost() }()
+	for i := 1; i <= 3; i++ {
+		eventually(t, "a Pod read", func() bool { return k.Calls(fake.GetPod) == i })
+		tick(t, clk, 499*time.Millisecond)
+		settle()
+		if n := k.Calls(fake.GetPod); n != i {
+			t.Fatalf("read %d times before 500ms passed, want %d", n, i)
+		}
+		clk.Step(time.Millisecond)
+	}
+	k.SetPod(newPod())
+	select {
+	case ip := <-got:
+		if ip != "10.0.0.7" {
+			t.Fatalf("EndpointHost() = %q, want 10.0.0.7", ip)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("EndpointHost did not return once the Pod had an address")
+	}
+}
+
+// "It returns "" when the Pod has no address of that family in time, and
+// logs the last read error once when it gives up."
+func TestEndpointHostGivesUpAfterPodIPWait(t *testing.T) {
+	var logs logSink
+	h, k, clk := newHome(t, func(c *kubernetes.Config) { c.Family = endpoint.Inet6; c.Logger = logs.logger() })
+	k.Fail(fake.GetPod, errors.New("kubelet has not written it"))
+	got := make(chan string, 1)
+	go func() { got <- h.EndpointHost() }()
+	start := clk.Now()
+	for {
+		select {
+		case ip := <-got:
+			if ip != "" {
+				t.Fatalf("EndpointHost() = %q, want \"\"", ip)
+			}
+			if waited := clk.Since(start); waited < 90*time.Second {
+				t.Fatalf("gave up after %v, want 90s", waited)
+			}
+			if n := k.Calls(fake.GetPod); n != 181 {
+				t.Errorf("%d Pod reads in 90s, want 181 (one at once, then one per 500ms)", n)
+			}
+			if n := len(logs.matching("kubelet has not written it")); n != 1 {
+				t.Fatalf("the read error was logged %d times, want once", n)
+			}
+			return
+		default:
+		}
+		if clk.HasWaiters() {
+			clk.Step(500 * time.Millisecond)
+		}
+		time.Sleep(100 * time.Microsecond)
+	}
+}
+
+// "Close, or Run's context ending, cuts the wait short." Close "ends what
+// New started, the wait for the Pod's address in EndpointHost".
+func TestEndpointHostWaitCutShort(t *testing.T) {
+	for _, by := range []string{"Close", "Run's context"} {
+		t.Run(by, func(t *testing.T) {
+			h, k, _ := newHome(t, func(c *kubernetes.Config) { c.Family = endpoint.Inet4 })
+			p := newPod()
+			p.Status.PodIP, p.Status.PodIPs = "", nil
+			k.SetPod(p)
+			var stop func()
+			if by == "Run's context" {
+				stop = run(t, h)
+			}
+			got := make(chan string, 1)
+			go func() { got <- h.EndpointHost() }()
+			eventually(t, "EndpointHost reading the Pod", func() bool { return k.Calls(fake.GetPod) >= 1 })
+			if stop != nil {
+				stop()
+			} else {
+				h.Close()
+			}
+			select {
+			case ip := <-got:
+				if ip != "" {
+					t.Fatalf("EndpointHost() = %q, want \"\"", ip)
+				}
+			case <-time.After(10 * time.Second):
+				t.Fatal("EndpointHost still waits")
+			}
+		})
+	}
+}
+
+// Close is idempotent.
+func TestCloseIdempotent(t *testing.T) {
+	h, _, _ := newHome(t, func(c *kubernetes.Config) { c.GrantsDir = t.TempDir() })
+	h.Close()
+	h.Close()
+}
+
+// New: "ctx is not the home's lifetime. Run's context and Close end the
+// home once New has returned it."
+func TestNewContextIsNotTheLifetime(t *testing.T) {
+	k := newWorld()
+	clk := newClock()
+	ctx, cancel := context.WithCancel(context.Background())
+	cfg := baseConfig(t, k, clk)
+	cfg.Family = endpoint.Inet4
+	h, err := kubernetes.New(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(h.Close)
+	cancel()
+	run(t, h)
+	rounds(t, k, 1)
+	tick(t, clk, 15*time.Second)
+	rounds(t, k, 2)
+	if h.EndpointHost() == "" {
+		t.Fatal("EndpointHost gave up because New's context ended")
+	}
+}
+
+// Devices: "the Pod's ResourceClaim with the devices the driver exposed, a
+// static set when the Pod has devices but no claim, and nothing
+// otherwise"; "The claim is the Pod's, so there is nothing to release per
+// grant."
+func TestDevices(t *testing.T) {
+	tests := []struct {
+		name    string
+		devices []string
+		claims  []string
+		want    core.DeviceChannel
+	}{
+		{"claim and devices", []string{"/dev/nvidia0"}, []string{"gpu"}, core.DeviceChannel{Kind: core.DeviceKindDRA, Devices: []string{"/dev/nvidia0"}, Claims: []string{"gpu"}}},
+		{"two claims", []string{"/dev/a", "/dev/b"}, []string{"gpu", "nic"}, core.DeviceChannel{Kind: core.DeviceKindDRA, Devices: []string{"/dev/a", "/dev/b"}, Claims: []string{"gpu", "nic"}}},
+		{"devices without claim", []string{"/dev/fuse"}, nil, core.DeviceChannel{Kind: core.DeviceKindStatic, Devices: []string{"/dev/fuse"}}},
+		{"nothing", nil, nil, core.DeviceChannel{}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			h, k, _ := newHome(t, func(c *kubernetes.Config) { c.Devices = tt.devices })
+			p := newPod()
+			for _, c := range tt.claims {
+				withClaim(p, c)
+			}
+			k.SetPod(p)
+			ch, release, err := h.Devices(context.Background(), core.Grant{UID: "grant-a"})
+			if err != nil {
+				t.Fatalf("Devices: %v", err)
+			}
+			if ch.Kind != tt.want.Kind || !slices.Equal(ch.Devices, tt.want.Devices) || !slices.Equal(ch.Claims, tt.want.Claims) {
+				t.Fatalf("Devices() = %+v, want %+v", ch, tt.want)
+			}
+			if release == nil {
+				t.Fatal("release is nil; want a function that does nothing")
+			}
+			calls := k.Calls(fake.GetPod) + k.Calls(fake.GetResourceClaim) + k.Calls(fake.PatchPodStatus)
+			release()
+			if k.Calls(fake.GetPod)+k.Calls(fake.GetResourceClaim)+k.Calls(fake.PatchPodStatus) != calls {
+				t.Fatal("release touched the cluster")
+			}
+		})
+	}
+}
+
+// "The Pod is read first when it has not been yet": once, then the stored
+// Pod answers.
+func TestDevicesReadsThePodOnce(t *testing.T) {
+	h, k, _ := newHome(t, func(c *kubernetes.Config) { c.Devices = []string{"/dev/x"} })
+	k.SetPod(withClaim(newPod(), "gpu"))
+	for i := 0; i < 2; i++ {
+		ch, _, err := h.Devices(context.Background(), core.Grant{})
+		if err != nil || ch.Kind != core.DeviceKindDRA {
+			t.Fatalf("Devices() = %+v, %v; want the claim", ch, err)
+		}
+	}
+	if n := k.Calls(fake.GetPod); n != 1 {
+		t.Fatalf("%d Pod reads, want 1", n)
+	}
+}
+
+// "A failed read never fails the admission ... The answer is then the
+// static set, or no channel without devices."
+func TestDevicesFailedReadNeverFails(t *testing.T) {
+	for _, tt := range []struct {
+		name    string
+		devices []string
+		want    core.DeviceChannel
+	}{
+		{"static set", []string{"/dev/x"}, core.DeviceChannel{Kind: core.DeviceKindStatic, Devices: []string{"/dev/x"}}},
+		{"no devices", nil, core.DeviceChannel{}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			h, k, _ := newHome(t, func(c *kubernetes.Config) { c.Devices = tt.devices })
+			k.SetPod(withClaim(newPod(), "gpu"))
+			k.Fail(fake.GetPod, errors.New("apiserver down"))
+			ch, release, err := h.Devices(context.Background(), core.Grant{})
+			if err != nil || release == nil {
+				t.Fatalf("Devices: err %v, release %v; a failed read must not fail the admission", err, release != nil)
+			}
+			if ch.Kind != tt.want.Kind || !slices.Equal(ch.Devices, tt.want.Devices) || len(ch.Claims) != 0 {
+				t.Fatalf("Devices() = %+v, want %+v", ch, tt.want)
+			}
+		})
+	}
+}
+
+// Grants: "polls the projected directory. A new or changed *.jwt file is
+// GrantAdded, a removed one GrantRemoved." GrantsPoll: "Default
+// DefaultGrantsPoll."
+func TestGrantsPollsTheDirectory(t *testing.T) {
+	dir := t.TempDir()
+	h, _, clk := newHome(t, func(c *kubernetes.Config) { c.GrantsDir = dir })
+	if kubernetes.DefaultGrantsPoll != 2*time.Second {
+		t.Fatalf("DefaultGrantsPoll = %v, want 2s", kubernetes.DefaultGrantsPoll)
+	}
+	a := token("grant-a", epoch, epoch.Add(time.Hour))
+	if err := os.WriteFile(filepath.Join(dir, "a.jwt"), a, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	ch, err := h.Grants(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		cancel()
+		for range ch {
+		}
+	})
+	next := func(d time.Duration) home.GrantEvent {
+		t.Helper()
+		for {
+			select {
+			case ev := <-ch:
+				return ev
+			case <-time.After(time.Millisecond):
+				if d > 0 && clk.HasWaiters() {
+					clk.Step(d)
+				}
+			}
+		}
+	}
+	if ev := next(0); ev.Kind != home.GrantAdded || ev.UID != "grant-a" || string(ev.Token) != string(a) {
+		t.Fatalf("first event %+v, want GrantAdded grant-a", ev)
+	}
+	a2 := token("grant-a", epoch, epoch.Add(2*time.Hour))
+	if err := os.WriteFile(filepath.Join(dir, "a.jwt"), a2, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if ev := next(kubernetes.DefaultGrantsPoll); ev.Kind != home.GrantAdded || string(ev.Token) != string(a2) {
+		t.Fatalf("after a change: %+v, want GrantAdded with the new token", ev)
+	}
+	if err := os.Remove(filepath.Join(dir, "a.jwt")); err != nil {
+		t.Fatal(err)
+	}
+	if ev := next(kubernetes.DefaultGrantsPoll); ev.Kind != home.GrantRemoved || ev.UID != "grant-a" {
+		t.Fatalf("after the removal: %+v, want GrantRemoved grant-a", ev)
+	}
+}
+
+// GrantsDir: "Empty means no delivery": a nil channel and no error.
+func TestGrantsWithoutDirectory(t *testing.T) {
+	h, _, _ := newHome(t, nil)
+	ch, err := h.Grants(context.Background())
+	if ch != nil || err != nil {
+		t.Fatalf("Grants() = %v, %v; want nil, nil", ch, err)
+	}
+}
+
+// Run "returns only once all of them have stopped": after Run returns and
+// Close, no goroutine of the home is left, with every part on (polls,
+// delivery, cache refresh, renewal).
+func TestRunLeavesNoGoroutine(t *testing.T) {
+	before := goleak.IgnoreCurrent()
+	srv := newGrantServer(t)
+	iss := newIssuer(t)
+	h, k, clk := newHome(t, func(c *kubernetes.Config) {
+		srv.configure(t, c)
+		c.Cache = iss.cache(t)
+	})
+	h.OnScopeLost(func(context.Context, string) {})
+	k.DeletePod(testNS, testPod)
+	stop := run(t, h)
+	rounds(t, k, 1)
+	tick(t, clk, 15*time.Second)
+	rounds(t, k, 2)
+	stop()
+	h.Close()
+	srv.Close()
+	iss.Close()
+	goleak.VerifyNone(t, before)
+}

@@ -1,0 +1,455 @@
+package kubernetes_test
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	"fiberd.io/fiberd/pkg/home/kubernetes"
+	"fiberd.io/fiberd/pkg/home/kubernetes/fake"
+)
+
+// "New builds the home. It reads nothing from the cluster."
+func TestNewReadsNothingFromTheCluster(t *testing.T) {
+	_, k, _ := newHome(t, nil)
+	for _, m := range []string{fake.GetPod, fake.GetNamespace, fake.GetResourceClaim, fake.PatchPodStatus} {
+		if n := k.Calls(m); n != 0 {
+			t.Errorf("New made %d %s calls, want none", n, m)
+		}
+	}
+}
+
+// "The first read happens in ... the first poll round." The round runs as
+// Run starts, and reads the Pod, then its Namespace.
+func TestFirstPollRoundRunsAtOnce(t *testing.T) {
+	h, k, _ := newHome(t, nil)
+	run(t, h)
+	rounds(t, k, 1)
+}
+
+// Poll: "how often the API server is asked", "Default half of StaleTTL".
+func TestPollDefaultsToHalfStaleTTL(t *testing.T) {
+	h, k, clk := newHome(t, func(c *kubernetes.Config) { c.StaleTTL = 10 * time.Second })
+	run(t, h)
+	rounds(t, k, 1)
+	tick(t, clk, 4*time.Second)
+	settle()
+	if n := k.Calls(fake.GetPod); n != 1 {
+		t.Fatalf("after 4s of a 5s poll: %d Pod reads, want 1", n)
+	}
+	tick(t, clk, time.Second)
+	rounds(t, k, 2)
+	tick(t, clk, 5*time.Second)
+	rounds(t, k, 3)
+}
+
+// Poll: "It is also how long one round may take."
+func TestPollBoundsOneRound(t *testing.T) {
+	const poll = 100 * time.Millisecond // real time: a round's bound is I/O time
+	h, k, _ := newHome(t, func(c *kubernetes.Config) { c.StaleTTL = 4 * poll; c.Poll = poll })
+	type seen struct {
+		left time.Duration
+		ok   bool
+	}
+	got := make(chan seen, 1)
+	k.Intercept(fake.GetPod, func(ctx context.Context, _, _ string) error {
+		dl, ok := ctx.Deadline()
+		select {
+		case got <- seen{time.Until(dl), ok}:
+		default:
+		}
+		<-ctx.Done() // an API server that never answers
+		return ctx.Err()
+	})
+	run(t, h)
+	s := <-got
+	if !s.ok || s.left > poll {
+		t.Fatalf("the Pod read's context: deadline set %v, %v left; want a deadline at most Poll (%v) away", s.ok, s.left, poll)
+	}
+	// The round goes on to the Namespace once the Pod read timed out.
+	eventually(t, "the Namespace read after the Pod read timed out", func() bool { return k.Calls(fake.GetNamespace) >= 1 })
+}
+
+// StaleTTL: "how long the API server may go without answering for the Pod
+// before the home is unhealthy"; New: "The health starts in sync, so a Pod
+// the API server has not answered for yet is not unhealthy before the
+// stale TTL has passed."
+func TestHealthStartsInSyncAndGoesStaleAfterStaleTTL(t *testing.T) {
+	h, k, clk := newHome(t, func(c *kubernetes.Config) { c.StaleTTL = 10 * time.Second; c.Poll = 2 * time.Second })
+	k.Fail(fake.GetPod, errors.New("connection refused"))
+	if !h.Health().Healthy() {
+		t.Fatal("a new home is unhealthy; the health must start in sync")
+	}
+	if got := h.Health().StaleTTL(); got != 10*time.Second {
+		t.Fatalf("StaleTTL = %v, want the configured 10s", got)
+	}
+	run(t, h)
+	for i := 1; i <= 4; i++ { // 8s: still inside the TTL
+		rounds(t, k, i)
+		tick(t, clk, 2*time.Second)
+	}
+	rounds(t, k, 5)
+	if !h.Health().Healthy() {
+		t.Fatal("unhealthy 8s into a 10s TTL")
+	}
+	tick(t, clk, 2*time.Second)
+	rounds(t, k, 6)
+	if h.Health().Healthy() {
+		t.Fatal("still healthy 10s without the API server answering for the Pod")
+	}
+	// The API server answers again: the next round marks a sync.
+	k.Fail(fake.GetPod, nil)
+	tick(t, clk, 2*time.Second)
+	eventually(t, "healthy again after the Pod was read", h.Health().Healthy)
+}
+
+func TestDefaultStaleTTL(t *testing.T) {
+	h, _, _ := newHome(t, nil)
+	if kubernetes.DefaultStaleTTL != 30*time.Second {
+		t.Fatalf("DefaultStaleTTL = %v, want 30s", kubernetes.DefaultStaleTTL)
+	}
+	if got := h.Health().StaleTTL(); got != kubernetes.DefaultStaleTTL {
+		t.Fatalf("default StaleTTL = %v, want DefaultStaleTTL", got)
+	}
+}
+
+// Clock: "drives the polls and stamps the health."
+func TestClockStampsTheHealth(t *testing.T) {
+	h, k, clk := newHome(t, nil)
+	run(t, h)
+	rounds(t, k, 1)
+	tick(t, clk, 15*time.Second)
+	rounds(t, k, 2)
+	eventually(t, "the sync stamped by the fake clock", func() bool { return h.Health().LastSync().Equal(epoch.Add(15 * time.Second)) })
+}
+
+// A Pod read that fails is no sync.
+func TestFailedPodReadIsNoSync(t *testing.T) {
+	h, k, clk := newHome(t, nil)
+	run(t, h)
+	rounds(t, k, 1)
+	k.Fail(fake.GetPod, errors.New("boom"))
+	tick(t, clk, 15*time.Second)
+	rounds(t, k, 2)
+	settle()
+	if got := h.Health().LastSync(); !got.Equal(epoch) {
+		t.Fatalf("LastSync = %v after a failed read, want the first round's %v", got, epoch)
+	}
+}
+
+// The scope-loss reasons, each a sentence of the overview: "the home loses
+// it when the Pod is gone, replaced or terminating, the namespace
+// terminates, a claim is deleted under a live Pod".
+func TestScopeLost(t *testing.T) {
+	now := metav1.NewTime(epoch)
+	tests := []struct {
+		name   string
+		claim  bool
+		change func(k *fake.Kube)
+		want   string
+	}{
+		{"pod deleted", false, func(k *fake.Kube) { k.DeletePod(testNS, testPod) }, "pod deleted"},
+		{"pod replaced", false, func(k *fake.Kube) {
+			p := newPod()
+			p.UID = types.UID(otherUID)
+			k.SetPod(p)
+		}, "pod replaced"},
+		{"pod terminating", false, func(k *fake.Kube) {
+			p := newPod()
+			p.DeletionTimestamp = &now
+			k.SetPod(p)
+		}, "pod terminating"},
+		{"namespace deleted", false, func(k *fake.Kube) { k.DeleteNamespace(testNS) }, "namespace deleted"},
+		{"namespace terminating phase", false, func(k *fake.Kube) {
+			n := newNamespace()
+			n.Status.Phase = corev1.NamespaceTerminating
+			k.SetNamespace(n)
+		}, "namespace terminating"},
+		{"namespace deletion timestamp", false, func(k *fake.Kube) {
+			n := newNamespace()
+			n.DeletionTimestamp = &now
+			k.SetNamespace(n)
+		}, "namespace terminating"},
+		{"claim deleted", true, func(k *fake.Kube) { k.DeleteResourceClaim(testNS, "gpu") }, "resource claim gpu deleted"},
+		{"claim being deleted", true, func(k *fake.Kube) {
+			c := newClaim("gpu")
+			c.DeletionTimestamp = &now
+			k.SetResourceClaim(c)
+		}, "resource claim gpu deleted"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			h, k, clk := newHome(t, nil)
+			if tt.claim {
+				k.SetPod(withClaim(newPod(), "gpu"))
+				k.SetResourceClaim(newClaim("gpu"))
+			}
+			var lost scopeLosses
+			h.OnScopeLost(lost.fn)
+			run(t, h)
+			rounds(t, k, 1)
+			settle()
+			if got := lost.get(); len(got) != 0 {
+				t.Fatalf("scope lost %q before anything changed", got)
+			}
+			tt.change(k)
+			tick(t, clk, 15*time.Second)
+			eventually(t, "scope loss "+tt.want, func() bool { return lost.count(tt.want) == 1 })
+			// Once per reason: more rounds deliver it no more.
+			tick(t, clk, 15*time.Second)
+			rounds(t, k, 3)
+			settle()
+			if n := lost.count(tt.want); n != 1 {
+				t.Fatalf("%q delivered %d times, want once", tt.want, n)
+			}
+		})
+	}
+}
+
+// "a claim is deleted under a live Pod": a terminating Pod's claims going
+// away is the Pod's own end, reported as such.
+func TestClaimDeletedUnderTerminatingPodIsNotAClaimLoss(t *testing.T) {
+	h, k, clk := newHome(t, nil)
+	k.SetPod(withClaim(newPod(), "gpu"))
+	k.SetResourceClaim(newClaim("gpu"))
+	var lost scopeLosses
+	h.OnScopeLost(lost.fn)
+	run(t, h)
+	rounds(t, k, 1)
+	p := withClaim(newPod(), "gpu")
+	now := metav1.NewTime(epoch)
+	p.DeletionTimestamp = &now
+	k.SetPod(p)
+	k.DeleteResourceClaim(testNS, "gpu")
+	tick(t, clk, 15*time.Second)
+	eventually(t, "pod terminating", func() bool { return lost.count("pod terminating") == 1 })
+	settle()
+	if got := lost.get(); !slices.Equal(got, []string{"pod terminating"}) {
+		t.Fatalf("reasons = %q, want only \"pod terminating\"", got)
+	}
+}
+
+// Claims come from status.resourceClaimStatuses for claims made from a
+// template, and from spec for claims named directly.
+func TestScopeLostGeneratedClaimDeleted(t *testing.T) {
+	h, k, clk := newHome(t, nil)
+	p := newPod()
+	tmpl := "gpu-template"
+	gen := "grant-pod-0-dev-abcde"
+	p.Spec.ResourceClaims = []corev1.PodResourceClaim{{Name: "dev", ResourceClaimTemplateName: &tmpl}}
+	p.Status.ResourceClaimStatuses = []corev1.PodResourceClaimStatus{{Name: "dev", ResourceClaimName: &gen}}
+	k.SetPod(p)
+	k.SetResourceClaim(newClaim(gen))
+	var lost scopeLosses
+	h.OnScopeLost(lost.fn)
+	run(t, h)
+	rounds(t, k, 1)
+	eventually(t, "the generated claim read", func() bool { return k.Calls(fake.GetResourceClaim) >= 1 })
+	k.DeleteResourceClaim(testNS, gen)
+	tick(t, clk, 15*time.Second)
+	eventually(t, "claim loss", func() bool { return lost.count("resource claim "+gen+" deleted") == 1 })
+}
+
+// "or the cluster has not served the claims for the stale TTL", whether it
+// serves no resource.k8s.io group or the reads fail; and not before.
+func TestScopeLostClaimsUnreadableForStaleTTL(t *testing.T) {
+	for _, tt := range []struct {
+		name string
+		fail func(k *fake.Kube)
+		mend func(k *fake.Kube)
+	}{
+		{"no resource.k8s.io", func(k *fake.Kube) { k.SetNoResourceClaims(true) }, func(k *fake.Kube) { k.SetNoResourceClaims(false) }},
+		{"read errors", func(k *fake.Kube) { k.Fail(fake.GetResourceClaim, errors.New("etcd timeout")) }, func(k *fake.Kube) { k.Fail(fake.GetResourceClaim, nil) }},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			h, k, clk := newHome(t, func(c *kubernetes.Config) { c.StaleTTL = 10 * time.Second; c.Poll = 2 * time.Second })
+			k.SetPod(withClaim(newPod(), "gpu"))
+			k.SetResourceClaim(newClaim("gpu"))
+			tt.fail(k)
+			var lost scopeLosses
+			h.OnScopeLost(lost.fn)
+			run(t, h)
+			// Unreadable for 8s, then readable: no loss, and the count
+			// starts over.
+			for i := 1; i <= 4; i++ {
+				rounds(t, k, i)
+				tick(t, clk, 2*time.Second)
+			}
+			rounds(t, k, 5)
+			tt.mend(k)
+			tick(t, clk, 2*time.Second)
+			rounds(t, k, 6)
+			tt.fail(k)
+			for i := 7; i <= 11; i++ { // unreadable from round 7 on, 8s to round 11
+				tick(t, clk, 2*time.Second)
+				rounds(t, k, i)
+			}
+			settle()
+			if got := lost.get(); len(got) != 0 {
+				t.Fatalf("scope lost %q with the claims unreadable for less than the TTL", got)
+			}
+			tick(t, clk, 2*time.Second) // 10s unreadable
+			eventually(t, "claims unreadable", func() bool { return lost.count("resource claims unreadable") == 1 })
+		})
+	}
+}
+
+// A Pod without claims loses nothing when the cluster serves no claims.
+func TestNoClaimsNoClaimReads(t *testing.T) {
+	h, k, clk := newHome(t, nil)
+	k.SetNoResourceClaims(true)
+	var lost scopeLosses
+	h.OnScopeLost(lost.fn)
+	run(t, h)
+	for i := 1; i <= 3; i++ {
+		rounds(t, k, i)
+		tick(t, clk, 15*time.Second)
+	}
+	settle()
+	if n := k.Calls(fake.GetResourceClaim); n != 0 {
+		t.Fatalf("%d claim reads for a Pod without claims", n)
+	}
+	if got := lost.get(); len(got) != 0 {
+		t.Fatalf("scope lost: %q", got)
+	}
+}
+
+// OnScopeLost: "on a goroutine of the home's own": a callback that blocks
+// holds up neither the caller nor the polls.
+func TestOnScopeLostRunsOnTheHomesGoroutine(t *testing.T) {
+	h, k, clk := newHome(t, nil)
+	release := make(chan struct{})
+	called := make(chan context.Context, 4)
+	h.OnScopeLost(func(ctx context.Context, reason string) {
+		called <- ctx
+		<-release
+	})
+	k.DeletePod(testNS, testPod)
+	stop := run(t, h)
+	ctx := <-called
+	tick(t, clk, 15*time.Second)
+	rounds(t, k, 2) // the poll goes on while the callback blocks
+	close(release)
+	stop()
+	if ctx.Err() == nil {
+		t.Fatal("the callback's context is still live after Run returned; want Run's context")
+	}
+}
+
+// Several reasons are each delivered, in the order found.
+func TestScopeLostEachReasonOnce(t *testing.T) {
+	h, k, clk := newHome(t, nil)
+	var lost scopeLosses
+	h.OnScopeLost(lost.fn)
+	run(t, h)
+	rounds(t, k, 1)
+	k.DeletePod(testNS, testPod)
+	k.DeleteNamespace(testNS)
+	tick(t, clk, 15*time.Second)
+	eventually(t, "two reasons", func() bool { return len(lost.get()) == 2 })
+	tick(t, clk, 15*time.Second)
+	rounds(t, k, 3)
+	settle()
+	if got := lost.get(); !slices.Equal(got, []string{"pod deleted", "namespace deleted"}) {
+		t.Fatalf("reasons = %q, want pod deleted then namespace deleted, once each", got)
+	}
+}
+
+// SetIssuerReachable: "false marks the API server unreachable now and
+// keeps it so."
+func TestSetIssuerReachableFalseKeepsUnreachable(t *testing.T) {
+	h, k, clk := newHome(t, nil)
+	run(t, h)
+	rounds(t, k, 1)
+	h.SetIssuerReachable(false)
+	if h.Health().Healthy() {
+		t.Fatal("healthy right after SetIssuerReachable(false)")
+	}
+	for i := 0; i < 3; i++ {
+		tick(t, clk, 15*time.Second)
+	}
+	settle()
+	if h.Health().Healthy() {
+		t.Fatal("healthy again while the override holds")
+	}
+	if n := k.Calls(fake.GetPod); n != 1 {
+		t.Fatalf("%d Pod reads while paused, want the 1 before the pause", n)
+	}
+}
+
+// "true resumes the polls and marks it reachable."
+func TestSetIssuerReachableTrueResumes(t *testing.T) {
+	h, k, clk := newHome(t, nil)
+	run(t, h)
+	rounds(t, k, 1)
+	h.SetIssuerReachable(false)
+	tick(t, clk, time.Minute)
+	h.SetIssuerReachable(true)
+	if !h.Health().Healthy() {
+		t.Fatal("unhealthy right after SetIssuerReachable(true)")
+	}
+	if got := h.Health().LastSync(); !got.Equal(epoch.Add(time.Minute)) {
+		t.Fatalf("LastSync = %v, want the resume's %v", got, epoch.Add(time.Minute))
+	}
+	tick(t, clk, 15*time.Second)
+	rounds(t, k, 2)
+}
+
+// "The pause comes first, and it waits for a round marking the health, so
+// the mark here is the last one": a round in flight when the override
+// lands does not mark the health after it.
+func TestSetIssuerReachableOutlastsRoundInFlight(t *testing.T) {
+	h, k, _ := newHome(t, nil)
+	inRead := make(chan struct{})
+	answer := make(chan struct{})
+	k.Intercept(fake.GetPod, func(ctx context.Context, _, _ string) error {
+		close(inRead)
+		<-answer
+		return nil
+	})
+	run(t, h)
+	<-inRead
+	h.SetIssuerReachable(false)
+	close(answer) // the Pod read in flight now succeeds
+	rounds(t, k, 1)
+	settle()
+	if h.Health().Healthy() {
+		t.Fatal("the round in flight marked the health after SetIssuerReachable(false)")
+	}
+	if got := h.Health().LastSync(); !got.Equal(epoch) {
+		t.Fatalf("LastSync moved to %v after the override", got)
+	}
+}
+
+// Run: "A second Run logs and returns at once, as a shared informer does."
+func TestSecondRunReturnsAtOnce(t *testing.T) {
+	var logs logSink
+	h, k, clk := newHome(t, func(c *kubernetes.Config) { c.Logger = logs.logger() })
+	run(t, h)
+	rounds(t, k, 1)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		h.Run(context.Background()) // never cancelled: it must return by itself
+	}()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("a second Run did not return")
+	}
+	if len(logs.matching("Run called again")) != 1 {
+		t.Fatalf("the second Run logged no line about it")
+	}
+	tick(t, clk, 15*time.Second)
+	rounds(t, k, 2)
+	settle()
+	if n := k.Calls(fake.GetPod); n != 2 {
+		t.Fatalf("%d Pod reads after one tick, want 2: the second Run polls too", n)
+	}
+}

@@ -1,0 +1,194 @@
+package kubernetes_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"fiberd.io/fiberd/pkg/home/kubernetes"
+	"fiberd.io/fiberd/pkg/home/kubernetes/fake"
+)
+
+// condition is the readiness condition of the Pod k holds, nil for none.
+func condition(t *testing.T, k *fake.Kube) *corev1.PodCondition {
+	t.Helper()
+	p, ok := k.Pod(testNS, testPod)
+	if !ok {
+		t.Fatal("the Pod is gone")
+	}
+	for i := range p.Status.Conditions {
+		if p.Status.Conditions[i].Type == kubernetes.PodConditionZygoteReady {
+			return &p.Status.Conditions[i]
+		}
+	}
+	return nil
+}
+
+func TestConditionNames(t *testing.T) {
+	// The controller's readiness gate and its readers match these strings.
+	if kubernetes.PodConditionZygoteReady != "fiberd.io/zygote-ready" ||
+		kubernetes.ReasonTemplateWarm != "TemplateWarm" ||
+		kubernetes.ReasonNoWarmTemplate != "NoWarmTemplate" {
+		t.Fatalf("condition names changed: %q %q %q", kubernetes.PodConditionZygoteReady, kubernetes.ReasonTemplateWarm, kubernetes.ReasonNoWarmTemplate)
+	}
+}
+
+// PublishReady "sets the Pod condition when that flips 'any template is
+// warm'": True with ReasonTemplateWarm, False with ReasonNoWarmTemplate, a
+// message naming the grant, stamped by the clock; no patch when nothing
+// flipped. Ready "reports whether any grant's template is warm".
+func TestPublishReadySetsConditionOnFlip(t *testing.T) {
+	h, k, _ := newHome(t, nil)
+	ctx := context.Background()
+	steps := []struct {
+		uid     string
+		ready   bool
+		patches int
+		status  corev1.ConditionStatus // "" = no condition yet
+		reason  string
+		names   string
+	}{
+		{"grant-a", false, 0, "", "", ""}, // cold stays cold
+		{"grant-a", true, 1, corev1.ConditionTrue, kubernetes.ReasonTemplateWarm, "grant-a"},
+		{"grant-b", true, 1, corev1.ConditionTrue, kubernetes.ReasonTemplateWarm, "grant-a"},  // still warm
+		{"grant-a", false, 1, corev1.ConditionTrue, kubernetes.ReasonTemplateWarm, "grant-a"}, // b still warm
+		{"grant-b", false, 2, corev1.ConditionFalse, kubernetes.ReasonNoWarmTemplate, "grant-b"},
+		{"grant-b", false, 2, corev1.ConditionFalse, kubernetes.ReasonNoWarmTemplate, "grant-b"},
+	}
+	for i, s := range steps {
+		if err := h.PublishReady(ctx, s.uid, s.ready); err != nil {
+			t.Fatalf("step %d: PublishReady: %v", i, err)
+		}
+		if n := k.Calls(fake.PatchPodStatus); n != s.patches {
+			t.Fatalf("step %d (%s %v): %d patches, want %d", i, s.uid, s.ready, n, s.patches)
+		}
+		if want := s.status == corev1.ConditionTrue; h.Ready() != want {
+			t.Fatalf("step %d: Ready() = %v, want %v", i, h.Ready(), want)
+		}
+		c := condition(t, k)
+		if s.status == "" {
+			if c != nil {
+				t.Fatalf("step %d: condition %+v, want none", i, c)
+			}
+			continue
+		}
+		if c == nil || c.Status != s.status || c.Reason != s.reason || !strings.Contains(c.Message, s.names) {
+			t.Fatalf("step %d: condition %+v, want %s/%s naming %s", i, c, s.status, s.reason, s.names)
+		}
+		if !c.LastTransitionTime.Time.Equal(epoch) {
+			t.Fatalf("step %d: lastTransitionTime %v, want the clock's %v", i, c.LastTransitionTime, epoch)
+		}
+	}
+	// The patch carried only this condition: the Pod's others are intact.
+	p, _ := k.Pod(testNS, testPod)
+	kept := false
+	for _, c := range p.Status.Conditions {
+		kept = kept || c.Type == corev1.PodScheduled && c.Status == corev1.ConditionTrue
+	}
+	if len(p.Status.Conditions) != 2 || !kept {
+		t.Fatalf("conditions after the patches: %+v; want PodScheduled kept beside ours", p.Status.Conditions)
+	}
+}
+
+// The patch is one strategic merge patch of status.conditions holding only
+// this condition.
+func TestPublishReadyPatchShape(t *testing.T) {
+	h, k, _ := newHome(t, nil)
+	if err := h.PublishReady(context.Background(), "grant-a", true); err != nil {
+		t.Fatal(err)
+	}
+	var patch struct {
+		Status struct {
+			Conditions []map[string]any `json:"conditions"`
+		} `json:"status"`
+	}
+	raw := k.Patches()[0]
+	if err := json.Unmarshal(raw, &patch); err != nil {
+		t.Fatalf("patch %s: %v", raw, err)
+	}
+	if len(patch.Status.Conditions) != 1 {
+		t.Fatalf("patch %s: want exactly one condition", raw)
+	}
+	c := patch.Status.Conditions[0]
+	for _, f := range []string{"type", "status", "reason", "message", "lastTransitionTime"} {
+		if _, ok := c[f]; !ok {
+			t.Errorf("patch %s has no %s", raw, f)
+		}
+	}
+	var top map[string]any
+	_ = json.Unmarshal(raw, &top)
+	if len(top) != 1 {
+		t.Errorf("patch %s touches more than status", raw)
+	}
+}
+
+// A failed patch is returned, the record stands, and "a poll round that
+// reads the Pod and finds the condition disagreeing with Ready() patches
+// again".
+func TestFailedPatchIsRepairedByTheNextRound(t *testing.T) {
+	h, k, clk := newHome(t, nil)
+	run(t, h)
+	rounds(t, k, 1)
+	k.Fail(fake.PatchPodStatus, errors.New("apiserver: 503"))
+	if err := h.PublishReady(context.Background(), "grant-a", true); err == nil {
+		t.Fatal("PublishReady hid the failed patch")
+	}
+	if !h.Ready() {
+		t.Fatal("Ready() is false after a failed patch; the record must stand")
+	}
+	k.Fail(fake.PatchPodStatus, nil)
+	tick(t, clk, 15*time.Second)
+	eventually(t, "the condition repaired", func() bool {
+		c := condition(t, k)
+		return c != nil && c.Status == corev1.ConditionTrue && c.Reason == kubernetes.ReasonTemplateWarm
+	})
+}
+
+// Someone else's write is repaired the same way, and a round that finds
+// the condition agreeing sends no patch.
+func TestOtherWriterIsRepairedAndAgreementIsLeftAlone(t *testing.T) {
+	h, k, clk := newHome(t, nil)
+	if err := h.PublishReady(context.Background(), "grant-a", true); err != nil {
+		t.Fatal(err)
+	}
+	run(t, h)
+	rounds(t, k, 1)
+	tick(t, clk, 15*time.Second)
+	rounds(t, k, 2)
+	settle()
+	if n := k.Calls(fake.PatchPodStatus); n != 1 {
+		t.Fatalf("%d patches with the condition already right, want the 1 from PublishReady", n)
+	}
+	p, _ := k.Pod(testNS, testPod)
+	for i := range p.Status.Conditions {
+		if p.Status.Conditions[i].Type == kubernetes.PodConditionZygoteReady {
+			p.Status.Conditions[i].Status = corev1.ConditionFalse
+			p.Status.Conditions[i].LastTransitionTime = metav1.NewTime(epoch)
+		}
+	}
+	k.SetPod(p)
+	tick(t, clk, 15*time.Second)
+	eventually(t, "the condition repaired", func() bool {
+		c := condition(t, k)
+		return c != nil && c.Status == corev1.ConditionTrue
+	})
+}
+
+// A Pod without the condition agrees with "not ready": no patch.
+func TestNoConditionAgreesWithNotReady(t *testing.T) {
+	h, k, clk := newHome(t, nil)
+	run(t, h)
+	rounds(t, k, 1)
+	tick(t, clk, 15*time.Second)
+	rounds(t, k, 2)
+	settle()
+	if n := k.Calls(fake.PatchPodStatus); n != 0 {
+		t.Fatalf("%d patches for a home that never was ready", n)
+	}
+}
