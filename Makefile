@@ -32,3 +32,7 @@ fuzz: ## Run every fuzz target for FUZZTIME each.
 	done
 
 ci: vet build test fuzz ## What .ci/run runs.
+
+.PHONY: demo
+demo: ## Start fiberd -dev, clone warm and cold fibers, print their times, stop it.
+	hack/demo.sh

@@ -2,6 +2,11 @@
 //
 // Usage:
 //
+//	fiberctl [-addr unix:///path|host:port] [-o text|json] [-tls-cert F -tls-key F] [-ca F] <command>
+//	fiberctl clone [-grant-uid UID | -grant FILE] [-session S] [-deadline D] [-payload P]
+//	fiberctl release|park FIBER_ID
+//	fiberctl status
+//	fiberctl watch
 //	fiberctl grant keygen [-alg EdDSA|ES256] [-kid K] -out key.jwk [-jwks-out jwks.json]
 //	fiberctl grant mint -key key.jwk -issuer URL -audience NODE -template name@sha256:HEX [flags]
 //	fiberctl grant verify -jwks jwks.json -issuer URL -audience NODE [-token FILE]
@@ -40,6 +45,10 @@ func main() {
 
 // run dispatches args to a command group and returns the exit status.
 func run(args []string, e env) int {
+	g, args, status, ok := parseGlobal(args, e)
+	if !ok {
+		return status
+	}
 	if len(args) == 0 {
 		usage(e.stderr)
 		return exitUsage
@@ -51,19 +60,30 @@ func run(args []string, e env) int {
 		usage(e.stdout)
 		return exitOK
 	}
+	if isAgentCommand(args[0]) {
+		return runAgent(args[0], args[1:], g, e)
+	}
 	fmt.Fprintf(e.stderr, "fiberctl: unknown command %q\n", args[0])
 	usage(e.stderr)
 	return exitUsage
 }
 
 func usage(w io.Writer) {
-	fmt.Fprint(w, `usage: fiberctl <command> [flags]
+	fmt.Fprint(w, `usage: fiberctl [-addr unix:///path|host:port] [-o text|json] [-tls-cert F -tls-key F] [-ca F] <command> [flags]
+
+The address defaults to $FIBERD_ADDR, else /var/lib/fiberd/fiberd.sock when
+it exists, else 127.0.0.1:8484 (fiberd -dev).
 
 commands:
+  clone          ask fiberd for a fiber of a grant and print its endpoint
+  release        end a fiber: fiberctl release FIBER_ID
+  park           checkpoint a fiber: fiberctl park FIBER_ID
+  status         print the agent's epoch, lane health, grants and fibers
+  watch          print each status change until interrupted
   grant keygen   make an issuer signing key (private JWK, optional public JWKS)
   grant mint     sign a grant token and print it
   grant verify   check a grant token against a public JWKS and print its grant
 
-Run "fiberctl grant <subcommand> -h" for the flags of a subcommand.
+Run "fiberctl <command> -h" or "fiberctl grant <subcommand> -h" for its flags.
 `)
 }

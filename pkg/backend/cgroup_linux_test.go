@@ -9,9 +9,9 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
-
 
 	"fiberd.io/fiberd/pkg/cgroup"
 	"fiberd.io/fiberd/pkg/core"
@@ -166,3 +166,49 @@ func TestCgroupLeaves(t *testing.T) {
 }
 
 func itoa(n int) string { return strconv.Itoa(n) }
+
+// TestCgroupZygoteDies checks that when the zygote dies its fibers' leaves
+// are killed and removed, and so is the zygote's leaf.
+func TestCgroupZygoteDies(t *testing.T) {
+	tree, _ := cgroupRoot(t)
+	b := newBackend(t, core.TierWarm)
+	uid := uidFor(t)
+	g, err := tree.Grant(uid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	warm(t, b, uid, kindC.spec(t), g.Dir.Path())
+	ctx := ctxT(t)
+	var leaves []cgroup.Leaf
+	for i := uint64(1); i <= 2; i++ {
+		leaf, err := g.Fiber(1, i)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ep := listen(t, true)
+		if _, err := b.Clone(ctx, CloneRequest{Fence: fence(uid, i), Listener: ep.file, Leaf: leaf.Path()}); err != nil {
+			t.Fatal(err)
+		}
+		leaves = append(leaves, leaf)
+	}
+	if err := syscall.Kill(zygotePID(t, uid), syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	for range leaves {
+		if e := nextExit(t, b); !e.Reason.TemplateDied {
+			t.Fatalf("exit = %+v, want TemplateDied", e)
+		}
+	}
+	if e := nextExit(t, b); !e.Template {
+		t.Fatalf("exit = %+v, want the template's", e)
+	}
+	for _, l := range leaves {
+		if !gone(l.Path()) {
+			t.Errorf("leaf %s of a dead zygote's fiber still exists", l)
+		}
+	}
+	if !gone(g.Zygote.Path()) {
+		t.Errorf("zygote leaf %s still exists", g.Zygote)
+	}
+	noStrays(t, uid)
+}

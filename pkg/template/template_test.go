@@ -177,3 +177,21 @@ func FuzzParseRef(f *testing.F) {
 		}
 	})
 }
+
+// TestExampleSpecs keeps the shipped example specs valid.
+func TestExampleSpecs(t *testing.T) {
+	paths, err := filepath.Glob("../../examples/templates/*.json")
+	if err != nil || len(paths) == 0 {
+		t.Fatalf("no example specs found: %v", err)
+	}
+	for _, p := range paths {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		name := strings.TrimSuffix(filepath.Base(p), ".json")
+		if _, err := Dir(filepath.Dir(p)).Resolve(name + "@sha256:" + Digest(b)); err != nil {
+			t.Errorf("%s: %v", p, err)
+		}
+	}
+}

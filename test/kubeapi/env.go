@@ -6,8 +6,10 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -121,7 +123,8 @@ type TokenOptions struct {
 	Pod *corev1.Pod
 	// Audiences of the token. Empty means the API server's own, so the token authenticates to it.
 	Audiences []string
-	// Expiration is the token's lifetime. Zero means one hour.
+	// Expiration is the token's lifetime, at least 10 minutes (the API server's minimum). Zero
+	// means one hour.
 	Expiration time.Duration
 }
 
@@ -185,7 +188,8 @@ type GrantPod struct {
 	ServiceAccount string
 	// NodeName is spec.nodeName. Empty means DefaultNode.
 	NodeName string
-	// Claims are spec.resourceClaims, pod claim name to ResourceClaim name. Empty means none.
+	// Claims are spec.resourceClaims, pod claim name to ResourceClaim name, in the order of the
+	// pod claim names. Empty means none. The ResourceClaims need not exist to create the Pod.
 	Claims map[string]string
 	// Finalizers keep the Pod, Terminating, after its deletion until they are removed.
 	Finalizers []string
@@ -219,7 +223,8 @@ func (e *Env) CreateGrantPod(t testing.TB, p GrantPod) *corev1.Pod {
 			ReadinessGates: []corev1.PodReadinessGate{{ConditionType: ReadinessGate}},
 		},
 	}
-	for claim, rc := range p.Claims {
+	for _, claim := range slices.Sorted(maps.Keys(p.Claims)) {
+		rc := p.Claims[claim]
 		pod.Spec.ResourceClaims = append(pod.Spec.ResourceClaims, corev1.PodResourceClaim{
 			Name: claim, ResourceClaimName: &rc,
 		})

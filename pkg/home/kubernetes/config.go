@@ -97,7 +97,9 @@ type Config struct {
 	// Clock drives the polls and stamps the health. Default the real
 	// clock.
 	Clock clock.WithTicker
-	// Logger receives the home's log lines. Default klog's.
+	// Logger receives the home's log lines. Default klog's. logr.Discard()
+	// is the zero Logger too, so it means klog's as well; for silence pass
+	// a Logger whose sink drops the lines.
 	Logger logr.Logger
 }
 

@@ -559,3 +559,30 @@ func TestRunRefreshesTheKeyCache(t *testing.T) {
 	tick(t, clk, 15*time.Second)
 	eventually(t, "the second refresh", func() bool { return iss.count() == 2 })
 }
+
+// The overview: the home "writes it into the grants directory. The
+// directory is polled for *.jwt files": the fetched grant reaches the
+// agent through Grants like any other file.
+func TestFetchedGrantArrivesThroughTheLane(t *testing.T) {
+	srv := newGrantServer(t)
+	h, _, _ := newHome(t, func(c *kubernetes.Config) { srv.configure(t, c) })
+	ctx, cancel := context.WithCancel(context.Background())
+	ch, err := h.Grants(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		cancel()
+		for range ch {
+		}
+	})
+	select {
+	case ev := <-ch:
+		own, _ := h.OwnGrant()
+		if ev.UID != testUID || string(ev.Token) != string(own) {
+			t.Fatalf("event %+v, want the Pod's own grant", ev)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the fetched grant never came through Grants")
+	}
+}

@@ -182,7 +182,7 @@ func (h *Home) setOwnGrant(token []byte, c tokenClaims) {
 	h.ownClaims = c
 }
 
-// Name is Name, "kubernetes".
+// Name is "kubernetes", the constant Name this home is selected by.
 func (h *Home) Name() string { return Name }
 
 // Health is the API server's liveness for this Pod. Each poll round that
@@ -234,8 +234,8 @@ func (h *Home) SelfAdmitUID() string { return h.cfg.PodUID }
 // the home's own, when the Pod's scope goes away under it. fiberd wires its
 // epoch bump.
 //
-// The goroutine is Run's, and fn gets Run's context. A reason found before
-// fn is set waits for it; one delivered with no fn set is only logged.
+// The goroutine is Run's, and fn gets Run's context; the next reason waits
+// for fn to return. A reason that comes while no fn is set is only logged.
 func (h *Home) OnScopeLost(fn func(ctx context.Context, reason string)) {
 	h.mu.Lock()
 	defer h.mu.Unlock()

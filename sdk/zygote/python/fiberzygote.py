@@ -21,7 +21,8 @@ and FIBERD_PAYLOAD (hex; absent when there is no payload). Then it calls
 on_fiber(fiber) and exits: with the int it returns, 0 for None, the code of
 a SystemExit, 1 for any other exception.
 
-serve reaps every child, so a crashing fiber is reported as EXITED and the
+serve calls gc.freeze() before READY, so collections in fibers leave the
+zygote's objects (and their pages) alone. serve reaps every child, so a crashing fiber is reported as EXITED and the
 zygote keeps serving. When fiberd closes the control socket, serve kills its
 fibers' process groups, reaps them and returns. serve raises NotAZygote, and
 serves nothing, when descriptor 3 is not a unix SOCK_SEQPACKET socket.
@@ -29,6 +30,7 @@ serves nothing, when descriptor 3 is not a unix SOCK_SEQPACKET socket.
 Only the standard library is used (socket.recv_fds needs Python 3.9).
 """
 
+import gc
 import os
 import select
 import signal
@@ -234,6 +236,9 @@ def serve(on_fiber, control_fd=CONTROL_FD):
     rwake, wwake = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
     old_handler = signal.signal(signal.SIGCHLD, lambda signum, frame: None)
     old_wakeup = signal.set_wakeup_fd(wwake)
+    # Move everything the template built into the permanent generation, so
+    # a fiber's collections never walk (and copy-on-write) the zygote's heap.
+    gc.freeze()
     try:
         z.send("READY")
         while True:

@@ -1,0 +1,381 @@
+package main
+
+// The agent commands: fiberctl [global flags] clone|release|park|status|watch.
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	"fiberd.io/fiberd/pkg/api"
+	"fiberd.io/fiberd/pkg/client"
+)
+
+// defaultSocket is fiberd's unix socket under its default -state.
+const defaultSocket = "/var/lib/fiberd/fiberd.sock"
+
+// defaultTCP is fiberd's default -listen, plaintext on loopback under -dev.
+const defaultTCP = "127.0.0.1:8484"
+
+// global is the flags before the command.
+type global struct {
+	addr    string
+	json    bool
+	tlsCert string
+	tlsKey  string
+	ca      string
+}
+
+// isAgentCommand reports whether name is one of the agent commands.
+func isAgentCommand(name string) bool {
+	switch name {
+	case "clone", "release", "park", "status", "watch":
+		return true
+	}
+	return false
+}
+
+// parseGlobal reads the global flags before the command and returns them
+// with the remaining arguments (the command first). ok is false when the
+// caller must exit with status.
+func parseGlobal(args []string, e env) (g global, rest []string, status int, ok bool) {
+	fs := flag.NewFlagSet("fiberctl", flag.ContinueOnError)
+	fs.SetOutput(e.stderr)
+	fs.Usage = func() { usage(e.stderr) }
+	fs.StringVar(&g.addr, "addr", "", "fiberd's address: unix:///path/fiberd.sock or host:port (default $FIBERD_ADDR, else "+defaultSocket+" when it exists, else "+defaultTCP+")")
+	out := fs.String("o", "text", "output: text or json")
+	fs.StringVar(&g.tlsCert, "tls-cert", "", "PEM client certificate for a TLS listener (with -tls-key)")
+	fs.StringVar(&g.tlsKey, "tls-key", "", "PEM key of -tls-cert")
+	fs.StringVar(&g.ca, "ca", "", "PEM CA bundle fiberd's server certificate chains to; any of -tls-cert or -ca turns TLS on")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return g, nil, exitOK, false
+		}
+		return g, nil, exitUsage, false
+	}
+	switch *out {
+	case "text":
+	case "json":
+		g.json = true
+	default:
+		fmt.Fprintf(e.stderr, "fiberctl: -o %q: want text or json\n", *out)
+		return g, nil, exitUsage, false
+	}
+	if (g.tlsCert == "") != (g.tlsKey == "") {
+		fmt.Fprintln(e.stderr, "fiberctl: -tls-cert and -tls-key go together")
+		return g, nil, exitUsage, false
+	}
+	if g.addr == "" {
+		g.addr = defaultAddr()
+	}
+	return g, fs.Args(), exitOK, true
+}
+
+// defaultAddr is $FIBERD_ADDR, else fiberd's default socket when it
+// exists, else its default TCP address.
+func defaultAddr() string {
+	if a := os.Getenv("FIBERD_ADDR"); a != "" {
+		return a
+	}
+	if fi, err := os.Stat(defaultSocket); err == nil && fi.Mode()&os.ModeSocket != 0 {
+		return "unix://" + defaultSocket
+	}
+	return defaultTCP
+}
+
+// newClient builds the client the global flags describe.
+func (g global) newClient() (*client.Client, error) {
+	cfg := client.Config{Addr: g.addr}
+	if g.tlsCert != "" || g.ca != "" {
+		tc, err := client.TLSConfig(g.tlsCert, g.tlsKey, g.ca)
+		if err != nil {
+			return nil, err
+		}
+		cfg.TLS = tc
+	}
+	return client.New(cfg)
+}
+
+// runAgent runs one agent command.
+func runAgent(cmd string, args []string, g global, e env) int {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	switch cmd {
+	case "clone":
+		return cmdClone(ctx, args, g, e)
+	case "release", "park":
+		return cmdFiber(ctx, cmd, args, g, e)
+	case "status":
+		return cmdStatus(ctx, args, g, e)
+	case "watch":
+		return cmdWatch(ctx, args, g, e)
+	}
+	return exitUsage
+}
+
+// cmdClone: fiberctl clone [-grant-uid UID | -grant FILE] [-session S]
+// [-deadline D] [-payload S | -payload-file F] [UID]
+func cmdClone(ctx context.Context, args []string, g global, e env) int {
+	fs := newFlags("clone", e)
+	uid := fs.String("grant-uid", "", "UID of an admitted grant")
+	tokenFile := fs.String("grant", "", "grant token `FILE` to present (\"-\" for stdin)")
+	session := fs.String("session", "", "session name: a running session is attached, not cloned twice")
+	deadline := fs.Duration("deadline", 0, "bound of the clone (0: fiberd's default)")
+	payload := fs.String("payload", "", "payload handed to the fiber (FIBERD_PAYLOAD)")
+	payloadFile := fs.String("payload-file", "", "read the payload from `FILE`")
+	// A bare UID after the flags is accepted as -grant-uid.
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return exitOK
+		}
+		return exitUsage
+	}
+	switch {
+	case fs.NArg() == 1 && *uid == "":
+		*uid = fs.Arg(0)
+	case fs.NArg() > 0:
+		return usageError(fs, "unexpected argument %q", fs.Arg(0))
+	}
+	req := api.CloneRequest{GrantUID: *uid, Session: *session}
+	if *tokenFile != "" {
+		tok, err := readInput(*tokenFile, e.stdin, api.MaxRequestBody)
+		if err != nil {
+			return usageError(fs, "-grant: %v", err)
+		}
+		req.Grant = strings.TrimSpace(string(tok))
+	}
+	if req.Grant == "" && req.GrantUID == "" {
+		return usageError(fs, "name the grant: -grant-uid UID or -grant FILE")
+	}
+	if *deadline < 0 {
+		return usageError(fs, "-deadline %v is negative", *deadline)
+	}
+	req.DeadlineMs = deadline.Milliseconds()
+	switch {
+	case *payload != "" && *payloadFile != "":
+		return usageError(fs, "-payload and -payload-file exclude each other")
+	case *payload != "":
+		req.Payload = []byte(*payload)
+	case *payloadFile != "":
+		b, err := readInput(*payloadFile, e.stdin, api.MaxPayload)
+		if err != nil {
+			return usageError(fs, "-payload-file: %v", err)
+		}
+		req.Payload = b
+	}
+	if len(req.Payload) > api.MaxPayload {
+		return usageError(fs, "-payload is %d bytes, over the %d-byte limit", len(req.Payload), api.MaxPayload)
+	}
+
+	c, err := g.newClient()
+	if err != nil {
+		return usageError(fs, "%v", err)
+	}
+	start := e.clock.Now()
+	resp, err := c.Clone(ctx, req)
+	took := e.clock.Since(start)
+	if err != nil {
+		return callFailed(fs, g, e, err)
+	}
+	if g.json {
+		return printJSON(e.stdout, resp)
+	}
+	fmt.Fprintf(e.stdout, "fiber     %s\nendpoint  %s\nkind      %s\ntook      %s\n", resp.FiberID, resp.Endpoint, resp.Kind, took.Round(10*time.Microsecond))
+	return exitOK
+}
+
+// cmdFiber: fiberctl release|park FIBER_ID
+func cmdFiber(ctx context.Context, cmd string, args []string, g global, e env) int {
+	fs := newFlags(cmd, e)
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return exitOK
+		}
+		return exitUsage
+	}
+	if fs.NArg() != 1 {
+		return usageError(fs, "want exactly one fiber id (uid/epoch/seq), got %d arguments", fs.NArg())
+	}
+	id := fs.Arg(0)
+	c, err := g.newClient()
+	if err != nil {
+		return usageError(fs, "%v", err)
+	}
+	if cmd == "park" {
+		err = c.Park(ctx, id)
+	} else {
+		err = c.Release(ctx, id)
+	}
+	if err != nil {
+		return callFailed(fs, g, e, err)
+	}
+	if g.json {
+		return printJSON(e.stdout, api.FiberRequest{FiberID: id})
+	}
+	verb := map[string]string{"release": "released", "park": "parked"}[cmd]
+	fmt.Fprintf(e.stdout, "%s %s\n", verb, id)
+	return exitOK
+}
+
+// cmdStatus: fiberctl status
+func cmdStatus(ctx context.Context, args []string, g global, e env) int {
+	fs := newFlags("status", e)
+	if st, ok := parseFlags(fs, args); !ok {
+		return st
+	}
+	c, err := g.newClient()
+	if err != nil {
+		return usageError(fs, "%v", err)
+	}
+	s, err := c.Status(ctx)
+	if err != nil {
+		return callFailed(fs, g, e, err)
+	}
+	if g.json {
+		return printJSON(e.stdout, s)
+	}
+	printStatus(e.stdout, s, e)
+	return exitOK
+}
+
+// cmdWatch: fiberctl watch — one status per change until interrupted.
+func cmdWatch(ctx context.Context, args []string, g global, e env) int {
+	fs := newFlags("watch", e)
+	if st, ok := parseFlags(fs, args); !ok {
+		return st
+	}
+	c, err := g.newClient()
+	if err != nil {
+		return usageError(fs, "%v", err)
+	}
+	w, err := c.Watch(ctx)
+	if err != nil {
+		return callFailed(fs, g, e, err)
+	}
+	defer w.Close()
+	for {
+		s, err := w.Next()
+		if err != nil {
+			if errors.Is(err, io.EOF) || ctx.Err() != nil {
+				return exitOK
+			}
+			return failure(fs, err)
+		}
+		if g.json {
+			if code := printJSON(e.stdout, s); code != exitOK {
+				return code
+			}
+			continue
+		}
+		fmt.Fprintln(e.stdout, statusLine(s))
+	}
+}
+
+// callFailed reports a failed call: the refusal body as JSON on stdout
+// under -o json, and the error on stderr. The status is exitFailure.
+func callFailed(fs *flag.FlagSet, g global, e env, err error) int {
+	if ce, ok := client.AsError(err); ok && g.json {
+		printJSON(e.stdout, ce.Body)
+	}
+	return failure(fs, err)
+}
+
+func printJSON(w io.Writer, v any) int {
+	enc := json.NewEncoder(w)
+	if err := enc.Encode(v); err != nil {
+		fmt.Fprintf(os.Stderr, "fiberctl: %v\n", err)
+		return exitFailure
+	}
+	return exitOK
+}
+
+// printStatus writes the status for people: the agent's line, then one row
+// per grant and one per running fiber.
+func printStatus(w io.Writer, s api.Status, e env) {
+	lane := "healthy"
+	if !s.Lane.Healthy {
+		lane = "STALE"
+	}
+	fmt.Fprintf(w, "home %s  epoch %d  lane %s (last sync %s ago)  ready %v\n",
+		s.Home, s.Epoch, lane, e.clock.Since(s.Lane.LastSync).Round(time.Second), s.Ready)
+	for _, c := range s.Scope {
+		fmt.Fprintf(w, "  scope %s=%s\n", c.Name, c.Value)
+	}
+	if len(s.Grants) == 0 {
+		fmt.Fprintln(w, "no grants admitted")
+		return
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "GRANT\tTEMPLATE\tTIER\tWARM\tRUNNING\tLEASE LEFT\tLATEST FENCE")
+	for _, gs := range s.Grants {
+		latest := "-"
+		if gs.LatestFence != nil {
+			latest = gs.LatestFence.String()
+		}
+		name, _, _ := strings.Cut(gs.Template, "@")
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%v\t%d/%d\t%s\t%s\n", gs.UID, name, gs.Tier, gs.Warm, gs.Running, gs.Max,
+			gs.LeaseExpiry.Sub(e.clock.Now()).Round(time.Second), latest)
+	}
+	tw.Flush()
+	var fibers []string
+	for _, gs := range s.Grants {
+		for _, f := range gs.Fibers {
+			line := "  " + f.FiberID + "  " + f.Endpoint
+			if f.Session != "" {
+				line += "  session " + f.Session
+			}
+			fibers = append(fibers, line)
+		}
+	}
+	if len(fibers) > 0 {
+		fmt.Fprintln(w, "fibers:")
+		fmt.Fprintln(w, strings.Join(fibers, "\n"))
+	}
+}
+
+// statusLine is one status on one line, for watch.
+func statusLine(s api.Status) string {
+	lane := "healthy"
+	if !s.Lane.Healthy {
+		lane = "stale"
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "epoch=%d lane=%s ready=%v", s.Epoch, lane, s.Ready)
+	for _, gs := range s.Grants {
+		fmt.Fprintf(&b, " %s:%d/%d", gs.UID, gs.Running, gs.Max)
+		if !gs.Warm {
+			b.WriteString("(cold)")
+		}
+	}
+	return b.String()
+}
+
+// readInput reads at most limit bytes of path, or of stdin for "-".
+func readInput(path string, stdin io.Reader, limit int64) ([]byte, error) {
+	var r io.Reader = stdin
+	if path != "-" {
+		f, err := os.Open(path)
+		if err != nil {
+			return nil, err
+		}
+		defer f.Close()
+		r = f
+	}
+	b, err := io.ReadAll(io.LimitReader(r, limit+1))
+	if err != nil {
+		return nil, err
+	}
+	if int64(len(b)) > limit {
+		return nil, fmt.Errorf("over %d bytes", limit)
+	}
+	return b, nil
+}

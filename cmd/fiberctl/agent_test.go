@@ -1,0 +1,232 @@
+package main
+
+import (
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"fiberd.io/fiberd/pkg/api"
+	"fiberd.io/fiberd/pkg/core"
+)
+
+// fakeAgent serves the API as fiberd does, recording the requests.
+type fakeAgent struct {
+	mu       sync.Mutex
+	requests []string // "POST /v1/clone {...}"
+}
+
+func (f *fakeAgent) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	body, _ := io.ReadAll(r.Body)
+	f.mu.Lock()
+	f.requests = append(f.requests, r.Method+" "+r.URL.Path+" "+strings.TrimSpace(string(body)))
+	f.mu.Unlock()
+	switch r.Method + " " + r.URL.Path {
+	case "POST /v1/clone":
+		var req api.CloneRequest
+		dec := json.NewDecoder(strings.NewReader(string(body)))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&req); err != nil {
+			w.WriteHeader(400)
+			json.NewEncoder(w).Encode(api.Error{Code: api.CodeInvalid, Message: err.Error()})
+			return
+		}
+		if req.GrantUID == "full" {
+			w.Header().Set("Retry-After", "2")
+			w.WriteHeader(429)
+			json.NewEncoder(w).Encode(api.Error{Code: "SHED", Message: "at fibers.max", Issuer: "https://iss"})
+			return
+		}
+		json.NewEncoder(w).Encode(api.CloneResponse{
+			FiberID: req.GrantUID + "/2/5", Endpoint: "tcp://127.0.0.1:20005",
+			Fence: core.Fence{GrantUID: req.GrantUID, Epoch: 2, Seq: 5}, Kind: api.KindCreate,
+		})
+	case "POST /v1/release", "POST /v1/park":
+		var req api.FiberRequest
+		json.Unmarshal(body, &req)
+		if strings.Contains(req.FiberID, "/1/") {
+			w.WriteHeader(404)
+			json.NewEncoder(w).Encode(api.Error{Code: api.CodeNotFound, Message: "older epoch"})
+			return
+		}
+		w.Write([]byte("{}"))
+	case "GET /v1/status":
+		json.NewEncoder(w).Encode(testStatus())
+	case "GET /v1/watch":
+		for i := uint64(1); i <= 3; i++ {
+			s := testStatus()
+			s.Epoch = i
+			json.NewEncoder(w).Encode(s)
+		}
+	default:
+		http.NotFound(w, r)
+	}
+}
+
+func testStatus() api.Status {
+	f := core.Fence{GrantUID: "g1", Epoch: 2, Seq: 5}
+	return api.Status{
+		Home: "standalone", Epoch: 2, Ready: true,
+		Lane: api.Lane{Healthy: true, LastSync: testNow.Add(-3 * time.Second)},
+		Grants: []api.GrantStatus{{
+			UID: "g1", Template: "counter-c@sha256:" + strings.Repeat("a", 64), Warm: true, Running: 1, Max: 64,
+			LeaseExpiry: testNow.Add(time.Hour), LatestFence: &f, Tier: core.TierWarm,
+			Fibers: []api.FiberStatus{{FiberID: "g1/2/5", Endpoint: "tcp://127.0.0.1:20005", Session: "s1"}},
+		}},
+	}
+}
+
+func newAgent(t *testing.T) (*fakeAgent, string) {
+	a := &fakeAgent{}
+	srv := httptest.NewServer(a)
+	t.Cleanup(srv.Close)
+	return a, srv.Listener.Addr().String()
+}
+
+func TestClone(t *testing.T) {
+	a, addr := newAgent(t)
+	code, out, errs := runCmd(t, testNow, "", "-addr", addr, "clone", "-grant-uid", "g1", "-session", "s1", "-payload", "hi", "-deadline", "2s")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errs)
+	}
+	for _, want := range []string{"fiber     g1/2/5", "endpoint  tcp://127.0.0.1:20005", "kind      create", "took"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("output %q lacks %q", out, want)
+		}
+	}
+	if got := a.requests[0]; !strings.Contains(got, `"grantUID":"g1"`) || !strings.Contains(got, `"session":"s1"`) ||
+		!strings.Contains(got, `"deadlineMs":2000`) || !strings.Contains(got, `"payload":"aGk="`) {
+		t.Errorf("request %s", got)
+	}
+
+	// A bare UID, JSON output.
+	code, out, _ = runCmd(t, testNow, "", "-addr", addr, "-o", "json", "clone", "g2")
+	var resp api.CloneResponse
+	if code != 0 || json.Unmarshal([]byte(out), &resp) != nil || resp.FiberID != "g2/2/5" || resp.Fence.Seq != 5 {
+		t.Fatalf("exit %d, output %q", code, out)
+	}
+
+	// A token from stdin.
+	code, _, errs = runCmd(t, testNow, "header.payload.sig\n", "-addr", addr, "clone", "-grant", "-")
+	if code != 0 || !strings.Contains(a.requests[2], `"grant":"header.payload.sig"`) {
+		t.Fatalf("exit %d (%s), request %s", code, errs, a.requests[2])
+	}
+}
+
+func TestCloneMiss(t *testing.T) {
+	_, addr := newAgent(t)
+	code, out, errs := runCmd(t, testNow, "", "-addr", addr, "-o", "json", "clone", "-grant-uid", "full")
+	if code != exitFailure {
+		t.Fatalf("exit %d, want %d", code, exitFailure)
+	}
+	var e api.Error
+	if err := json.Unmarshal([]byte(out), &e); err != nil || e.Code != "SHED" || e.RetryAfterSeconds != 2 {
+		t.Errorf("stdout %q: want the miss body with the Retry-After", out)
+	}
+	if !strings.Contains(errs, "429 SHED: at fibers.max (issuer https://iss)") {
+		t.Errorf("stderr %q", errs)
+	}
+}
+
+func TestReleaseAndPark(t *testing.T) {
+	a, addr := newAgent(t)
+	if code, out, errs := runCmd(t, testNow, "", "-addr", addr, "release", "g1/2/5"); code != 0 || out != "released g1/2/5\n" {
+		t.Fatalf("release: exit %d, %q %q", code, out, errs)
+	}
+	if !strings.Contains(a.requests[0], `POST /v1/release {"fiberID":"g1/2/5"}`) {
+		t.Errorf("request %s", a.requests[0])
+	}
+	if code, out, _ := runCmd(t, testNow, "", "-addr", addr, "-o", "json", "park", "g1/2/6"); code != 0 || !strings.Contains(out, `"fiberID":"g1/2/6"`) {
+		t.Fatalf("park: exit %d, %q", code, out)
+	}
+	code, _, errs := runCmd(t, testNow, "", "-addr", addr, "release", "g1/1/1")
+	if code != exitFailure || !strings.Contains(errs, "404 NOT_FOUND") {
+		t.Fatalf("release of an old fiber: exit %d, %q", code, errs)
+	}
+}
+
+func TestStatus(t *testing.T) {
+	_, addr := newAgent(t)
+	code, out, errs := runCmd(t, testNow, "", "-addr", addr, "status")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errs)
+	}
+	for _, want := range []string{"home standalone  epoch 2  lane healthy (last sync 3s ago)  ready true",
+		"GRANT", "g1", "counter-c", "WARM", "1/64", "1h0m0s", "g1/2/5", "session s1"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("status output lacks %q:\n%s", want, out)
+		}
+	}
+	code, out, _ = runCmd(t, testNow, "", "-addr", addr, "-o", "json", "status")
+	var st api.Status
+	if code != 0 || json.Unmarshal([]byte(out), &st) != nil || st.Epoch != 2 || len(st.Grants) != 1 {
+		t.Fatalf("json status: exit %d, %q", code, out)
+	}
+}
+
+func TestWatch(t *testing.T) {
+	_, addr := newAgent(t)
+	code, out, errs := runCmd(t, testNow, "", "-addr", addr, "watch")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errs)
+	}
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	if len(lines) != 3 || !strings.HasPrefix(lines[2], "epoch=3 lane=healthy ready=true g1:1/64") {
+		t.Fatalf("watch printed %q", out)
+	}
+	code, out, _ = runCmd(t, testNow, "", "-addr", addr, "-o", "json", "watch")
+	if code != 0 || strings.Count(out, "\n") != 3 {
+		t.Fatalf("json watch: exit %d, %q", code, out)
+	}
+}
+
+func TestDefaultAddrFromEnvironment(t *testing.T) {
+	_, addr := newAgent(t)
+	t.Setenv("FIBERD_ADDR", addr)
+	if code, _, errs := runCmd(t, testNow, "", "status"); code != 0 {
+		t.Fatalf("status with $FIBERD_ADDR: exit %d, %s", code, errs)
+	}
+}
+
+func TestAgentUsageErrors(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		args []string
+		want string // stderr must contain it
+	}{
+		{"bad output", []string{"-o", "yaml", "status"}, "-o"},
+		{"unknown global flag", []string{"-bogus", "status"}, "-bogus"},
+		{"tls cert without key", []string{"-tls-cert", "/c", "status"}, "-tls-key"},
+		{"clone without grant", []string{"clone"}, "-grant-uid"},
+		{"clone unknown flag", []string{"clone", "-nope"}, "-nope"},
+		{"clone two args", []string{"clone", "a", "b"}, "unexpected argument"},
+		{"clone negative deadline", []string{"clone", "-deadline", "-1s", "g"}, "-deadline"},
+		{"clone two payloads", []string{"clone", "-grant-uid", "g", "-payload", "a", "-payload-file", "-"}, "-payload"},
+		{"clone payload too big", []string{"clone", "-grant-uid", "g", "-payload", strings.Repeat("x", api.MaxPayload+1)}, "-payload"},
+		{"release without id", []string{"release"}, "fiber id"},
+		{"park two ids", []string{"park", "a", "b"}, "fiber id"},
+		{"status extra arg", []string{"status", "x"}, "x"},
+		{"bad address", []string{"-addr", "nowhere", "status"}, "nowhere"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			code, _, errs := runCmd(t, testNow, "", tc.args...)
+			if code != exitUsage {
+				t.Errorf("exit %d, want %d (stderr %q)", code, exitUsage, errs)
+			}
+			if !strings.Contains(errs, tc.want) {
+				t.Errorf("stderr %q does not name %q", errs, tc.want)
+			}
+		})
+	}
+}
+
+func TestUnreachableAgentFails(t *testing.T) {
+	code, _, errs := runCmd(t, testNow, "", "-addr", "unix:///nonexistent/fiberd.sock", "status")
+	if code != exitFailure || !strings.Contains(errs, "fiberd.sock") {
+		t.Fatalf("exit %d, stderr %q", code, errs)
+	}
+}

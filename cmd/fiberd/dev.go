@@ -1,0 +1,489 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"maps"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/go-jose/go-jose/v4"
+	"github.com/go-logr/logr"
+	"k8s.io/utils/clock"
+
+	"fiberd.io/fiberd/pkg/client"
+	"fiberd.io/fiberd/pkg/core"
+	"fiberd.io/fiberd/pkg/fiberd"
+	"fiberd.io/fiberd/pkg/grant"
+	"fiberd.io/fiberd/pkg/template"
+)
+
+// What -dev mints: grants of devFibersMax fibers for devLease, for templates
+// that spend devInitMs initialising (the cost a warm zygote pays once and a
+// cold exec pays per fiber).
+const (
+	devFibersMax = 64
+	devLease     = 24 * time.Hour
+	devInitMs    = "200"
+	// devWarmWait bounds how long -dev waits for its templates to be warm
+	// before it prints what to run next anyway.
+	devWarmWait = 90 * time.Second
+)
+
+// devSetup is what prepareDev made: the state directory, the issuer's keys,
+// the example templates and one grant per template.
+type devSetup struct {
+	state  string
+	temp   bool // state was made by -dev and is removed on exit
+	grants []devGrant
+}
+
+// devGrant is one grant -dev minted.
+type devGrant struct {
+	UID      string
+	Template string // the template's name
+	Warm     bool   // the spec is a zygote (served WARM), else exec (BASIC)
+}
+
+// prepareDev fills o for -dev: the state and run directories, a local
+// issuer key and its JWKS (kept in the state directory, so a restart with
+// the same -state verifies the same grants), the example templates (built
+// and specified under the state directory unless -templates names a
+// directory of specs), and a grant per template in the grants directory.
+func prepareDev(o *options, log logr.Logger) (*devSetup, error) {
+	d := &devSetup{}
+	if o.stateSet {
+		if err := os.MkdirAll(o.state, 0o700); err != nil {
+			return nil, fmt.Errorf("state directory: %w", err)
+		}
+	} else {
+		dir, err := os.MkdirTemp("", "fiberd-dev-")
+		if err != nil {
+			return nil, fmt.Errorf("state directory: %w", err)
+		}
+		o.state, d.temp = dir, true
+	}
+	d.state = o.state
+	fail := func(err error) (*devSetup, error) {
+		d.cleanup(log)
+		return nil, err
+	}
+	if !o.runDirSet {
+		o.runDir = filepath.Join(o.state, "run")
+	}
+	devDir := filepath.Join(o.state, "dev")
+	o.grantsDir = filepath.Join(o.state, "grants")
+	for _, dir := range []string{devDir, o.grantsDir} {
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			return fail(err)
+		}
+	}
+
+	key, err := devKey(devDir)
+	if err != nil {
+		return fail(err)
+	}
+	o.issuerKeys = filepath.Join(devDir, "jwks.json")
+
+	var specs map[string][]byte // by template name: the spec file's bytes
+	if o.templates != "" {
+		specs, err = readSpecs(o.templates)
+	} else {
+		o.templates = filepath.Join(o.state, "templates")
+		specs, err = writeExampleSpecs(o.templates, devDir, log)
+	}
+	if err != nil {
+		return fail(err)
+	}
+	if len(specs) == 0 {
+		return fail(fmt.Errorf("no template to grant in %s", o.templates))
+	}
+
+	d.grants, err = mintDevGrants(o.grantsDir, o.nodeID, key, specs, clock.RealClock{})
+	if err != nil {
+		return fail(err)
+	}
+	return d, nil
+}
+
+// devKey loads the -dev issuer's private key from dir, or makes one, and
+// (re)writes its public JWKS beside it.
+func devKey(dir string) (jose.JSONWebKey, error) {
+	path := filepath.Join(dir, "issuer.jwk")
+	key, err := grant.ReadKeyFile(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		if key, err = grant.GenerateKey("EdDSA", ""); err == nil {
+			err = grant.WriteKeyFile(path, key)
+		}
+	}
+	if err != nil {
+		return key, fmt.Errorf("issuer key %s: %w", path, err)
+	}
+	jwks, err := grant.PublicJWKS(key)
+	if err != nil {
+		return key, fmt.Errorf("issuer key %s: %w", path, err)
+	}
+	if err := core.WriteFileAtomic(filepath.Join(dir, "jwks.json"), jwks, 0o644); err != nil {
+		return key, fmt.Errorf("issuer keys: %w", err)
+	}
+	return key, nil
+}
+
+// readSpecs reads every <name>.json of dir.
+func readSpecs(dir string) (map[string][]byte, error) {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, fmt.Errorf("-templates: %w", err)
+	}
+	specs := map[string][]byte{}
+	for _, e := range entries {
+		name, ok := strings.CutSuffix(e.Name(), ".json")
+		if !ok || !e.Type().IsRegular() {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join(dir, e.Name()))
+		if err != nil {
+			return nil, fmt.Errorf("-templates: %w", err)
+		}
+		if _, err := template.Parse(b); err != nil {
+			return nil, fmt.Errorf("-templates: %s: %w", e.Name(), err)
+		}
+		specs[name] = b
+	}
+	return specs, nil
+}
+
+// writeExampleSpecs builds the example templates of this checkout and
+// writes their specs into dir: counter-c and counter-py served WARM from a
+// zygote, and counter-c-cold and counter-py-cold, the same programs served
+// BASIC by fork+exec, for comparing the two. A language whose toolchain is
+// missing (cc, python3) is skipped with a log line.
+func writeExampleSpecs(dir, devDir string, log logr.Logger) (map[string][]byte, error) {
+	root, err := findCheckout()
+	if err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
+	specs := map[string][]byte{}
+	add := func(name string, s template.Spec) error {
+		b, err := json.MarshalIndent(s, "", "  ")
+		if err != nil {
+			return err
+		}
+		b = append(b, '\n')
+		if old, err := os.ReadFile(filepath.Join(dir, name+".json")); err != nil || !bytes.Equal(old, b) {
+			if err := core.WriteFileAtomic(filepath.Join(dir, name+".json"), b, 0o644); err != nil {
+				return err
+			}
+		}
+		specs[name] = b
+		return nil
+	}
+
+	if bin, err := buildCounterC(root, filepath.Join(devDir, "bin")); err != nil {
+		log.Info("Skipping the C example templates", "reason", err.Error())
+	} else {
+		spec := template.Spec{Command: bin, Args: []string{"--init-ms", devInitMs}, Workdir: filepath.Dir(bin)}
+		for _, zy := range []bool{true, false} {
+			spec.Zygote = zy
+			if err := add(coldName("counter-c", zy), spec); err != nil {
+				return nil, err
+			}
+		}
+	}
+
+	if py, err := pythonInterpreter(); err != nil {
+		log.Info("Skipping the Python example templates", "reason", err.Error())
+	} else {
+		src := filepath.Join(root, "examples", "templates", "python")
+		spec := template.Spec{
+			Command: py,
+			Args:    []string{filepath.Join(src, "counter.py"), "--init-ms", devInitMs},
+			Env:     map[string]string{"PYTHONPATH": filepath.Join(root, "sdk", "zygote", "python"), "PYTHONUNBUFFERED": "1"},
+			Workdir: src,
+		}
+		for _, zy := range []bool{true, false} {
+			spec.Zygote = zy
+			if err := add(coldName("counter-py", zy), spec); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return specs, nil
+}
+
+func coldName(name string, zygote bool) string {
+	if zygote {
+		return name
+	}
+	return name + "-cold"
+}
+
+// findCheckout finds the fiberd checkout whose examples -dev runs: the
+// working directory or one above it, else the executable's directory or one
+// above it (a binary built into the checkout's bin/).
+func findCheckout() (string, error) {
+	var starts []string
+	if wd, err := os.Getwd(); err == nil {
+		starts = append(starts, wd)
+	}
+	if exe, err := os.Executable(); err == nil {
+		starts = append(starts, filepath.Dir(exe))
+	}
+	for _, dir := range starts {
+		for {
+			if isCheckout(dir) {
+				return dir, nil
+			}
+			parent := filepath.Dir(dir)
+			if parent == dir {
+				break
+			}
+			dir = parent
+		}
+	}
+	return "", errors.New("cannot find the example templates (examples/templates and sdk/zygote): run fiberd -dev inside the fiberd checkout, or pass -templates DIR")
+}
+
+func isCheckout(dir string) bool {
+	for _, p := range []string{"examples/templates/c/counter.c", "examples/templates/python/counter.py", "sdk/zygote/c/build.sh"} {
+		if _, err := os.Stat(filepath.Join(dir, p)); err != nil {
+			return false
+		}
+	}
+	return true
+}
+
+// buildCounterC compiles the C counter with the SDK's build script into
+// out, unless the binary is newer than every source.
+func buildCounterC(root, out string) (string, error) {
+	cc := os.Getenv("CC")
+	if cc == "" {
+		cc = "cc"
+	}
+	if _, err := exec.LookPath(cc); err != nil {
+		return "", fmt.Errorf("no C compiler (%s) found: %w", cc, err)
+	}
+	bin := filepath.Join(out, "counter")
+	sources := []string{
+		filepath.Join(root, "examples", "templates", "c", "counter.c"),
+		filepath.Join(root, "sdk", "zygote", "c", "fiberzygote.c"),
+		filepath.Join(root, "sdk", "zygote", "c", "fiberzygote.h"),
+	}
+	if upToDate(bin, sources) {
+		return bin, nil
+	}
+	cmd := exec.Command("sh", filepath.Join(root, "sdk", "zygote", "c", "build.sh"), out, sources[0])
+	if b, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("building %s: %v: %s", sources[0], err, bytes.TrimSpace(b))
+	}
+	return bin, nil
+}
+
+func upToDate(bin string, sources []string) bool {
+	bi, err := os.Stat(bin)
+	if err != nil {
+		return false
+	}
+	for _, s := range sources {
+		si, err := os.Stat(s)
+		if err != nil || si.ModTime().After(bi.ModTime()) {
+			return false
+		}
+	}
+	return true
+}
+
+// pythonInterpreter is the absolute path of the python3 on PATH, resolved
+// through wrappers (pyenv shims) to the interpreter itself, since templates
+// run with a minimal PATH.
+func pythonInterpreter() (string, error) {
+	if _, err := exec.LookPath("python3"); err != nil {
+		return "", fmt.Errorf("no python3 found: %w", err)
+	}
+	b, err := exec.Command("python3", "-c", "import sys; print(sys.executable)").Output()
+	if err != nil {
+		return "", fmt.Errorf("python3 does not run: %w", err)
+	}
+	p := strings.TrimSpace(string(b))
+	if !filepath.IsAbs(p) {
+		return "", fmt.Errorf("python3 reports no absolute executable (%q)", p)
+	}
+	return p, nil
+}
+
+// mintDevGrants signs one grant per spec for audience nodeID, writes each as
+// grantsDir/<name>.jwt, and removes the other grant files there. A grant's
+// UID is "dev-<name>-<8 hex of the key id>": stable for a state directory,
+// distinct between state directories, so two -dev instances on one host
+// never share a grant's cgroup.
+func mintDevGrants(grantsDir, nodeID string, key jose.JSONWebKey, specs map[string][]byte, clk clock.PassiveClock) ([]devGrant, error) {
+	signer, err := grant.NewSigner(key)
+	if err != nil {
+		return nil, err
+	}
+	sum := sha256.Sum256([]byte(key.KeyID))
+	suffix := hex.EncodeToString(sum[:4])
+	now := clk.Now().Truncate(time.Second)
+	var out []devGrant
+	keep := map[string]bool{}
+	for _, name := range slices.Sorted(maps.Keys(specs)) {
+		spec, err := template.Parse(specs[name])
+		if err != nil {
+			return nil, fmt.Errorf("template %q: %w", name, err)
+		}
+		prefix := "dev-" + name
+		if max := 63 - len(suffix) - 1; len(prefix) > max {
+			prefix = strings.TrimRight(prefix[:max], "-")
+		}
+		g := core.Grant{
+			UID:      prefix + "-" + suffix,
+			Issuer:   devIssuer,
+			Audience: nodeID,
+			Template: name + "@sha256:" + template.Digest(specs[name]),
+			Fibers:   core.Fibers{Max: devFibersMax},
+			IssuedAt: now,
+			Expiry:   now.Add(devLease),
+		}
+		tok, err := signer.Mint(g)
+		if err != nil {
+			return nil, fmt.Errorf("grant for template %q: %w", name, err)
+		}
+		file := name + ".jwt"
+		if err := core.WriteFileAtomic(filepath.Join(grantsDir, file), tok, 0o600); err != nil {
+			return nil, err
+		}
+		keep[file] = true
+		out = append(out, devGrant{UID: g.UID, Template: name, Warm: spec.Zygote})
+	}
+	entries, _ := os.ReadDir(grantsDir)
+	for _, e := range entries {
+		if strings.HasSuffix(e.Name(), ".jwt") && !keep[e.Name()] {
+			os.Remove(filepath.Join(grantsDir, e.Name()))
+		}
+	}
+	return out, nil
+}
+
+// cleanup removes a temporary state directory once fiberd has stopped.
+func (d *devSetup) cleanup(log logr.Logger) {
+	if d.temp {
+		if err := os.RemoveAll(d.state); err != nil {
+			log.Error(err, "Cannot remove the -dev state directory", "dir", d.state)
+		}
+	}
+}
+
+// warmCount is how many -dev grants have a zygote to warm.
+func (d *devSetup) warmCount() int {
+	n := 0
+	for _, g := range d.grants {
+		if g.Warm {
+			n++
+		}
+	}
+	return n
+}
+
+// announce waits until every -dev grant with a zygote is warm (or
+// devWarmWait passed, or the agent stopped) and prints what to run next.
+func (d *devSetup) announce(ctx context.Context, agent *fiberd.Agent, stopped <-chan struct{}, stdout io.Writer, log logr.Logger) {
+	addr, flagAddr := "", ""
+	if tcp := addrString(agent); tcp != "" {
+		addr, flagAddr = tcp, tcp
+	} else if s := agent.SocketPath(); s != "" {
+		addr, flagAddr = "unix://"+s, "unix://"+s
+	}
+	if addr == "" {
+		return
+	}
+	c, err := client.New(client.Config{Addr: addr})
+	if err != nil {
+		log.Error(err, "Cannot watch the -dev grants warm up")
+		return
+	}
+	warm := map[string]bool{}
+	wait := time.NewTimer(devWarmWait)
+	defer wait.Stop()
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+poll:
+	for len(warm) < d.warmCount() {
+		select {
+		case <-ctx.Done():
+			return
+		case <-stopped:
+			return
+		case <-wait.C:
+			log.Info("Not every -dev template is warm yet; printing the commands anyway", "warm", len(warm), "grants", len(d.grants))
+			break poll
+		case <-tick.C:
+			st, err := c.Status(ctx)
+			if err != nil {
+				continue
+			}
+			zygotes := map[string]bool{}
+			for _, g := range d.grants {
+				zygotes[g.UID] = g.Warm
+			}
+			for _, g := range st.Grants {
+				if g.Warm && zygotes[g.UID] {
+					warm[g.UID] = true
+				}
+			}
+		}
+	}
+
+	fmt.Fprintf(stdout, "\nfiberd -dev is serving (epoch %d).\n", agent.Epoch())
+	fmt.Fprintf(stdout, "  state dir  %s", d.state)
+	if d.temp {
+		fmt.Fprint(stdout, " (removed on exit; pass -state DIR to keep it)")
+	}
+	fmt.Fprintln(stdout)
+	if s := agent.SocketPath(); s != "" {
+		fmt.Fprintf(stdout, "  socket     unix://%s\n", s)
+	}
+	if tcp := addrString(agent); tcp != "" {
+		fmt.Fprintf(stdout, "  API        http://%s (plaintext, loopback only)\n", tcp)
+	}
+	fmt.Fprintln(stdout, "  grants:")
+	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
+	for _, g := range d.grants {
+		tier, state := "BASIC (fork+exec per clone)", "ready"
+		if g.Warm {
+			tier = "WARM (forked from a zygote)"
+			state = "warming"
+			if warm[g.UID] {
+				state = "warm"
+			}
+		}
+		fmt.Fprintf(tw, "    %s\t%s\t%s\t%s\n", g.UID, g.Template, tier, state)
+	}
+	tw.Flush()
+	fmt.Fprintln(stdout, "\nNext, from the checkout in another terminal:")
+	first := d.grants[0]
+	for _, g := range d.grants {
+		if g.Warm {
+			first = g
+			break
+		}
+	}
+	fmt.Fprintf(stdout, "  go run ./cmd/fiberctl -addr %s clone -grant-uid %s\n", flagAddr, first.UID)
+	fmt.Fprintf(stdout, "  go run ./cmd/fiberctl -addr %s status\n", flagAddr)
+	fmt.Fprintln(stdout, "  curl <the endpoint clone printed>")
+	fmt.Fprintln(stdout, "Stop with Ctrl-C: every fiber is released and every zygote stopped.")
+}

@@ -1,0 +1,414 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/url"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"fiberd.io/fiberd/pkg/endpoint"
+	"fiberd.io/fiberd/pkg/fiberd"
+	"fiberd.io/fiberd/pkg/grant"
+	"fiberd.io/fiberd/pkg/home/kubernetes"
+	"fiberd.io/fiberd/pkg/home/standalone"
+)
+
+// Defaults of the flags that are not the library's own.
+const (
+	defaultState  = "/var/lib/fiberd"
+	defaultRunDir = "/run/fiberd"
+	// devIssuer is the issuer -dev signs its grants as. The .invalid TLD
+	// never resolves: its keys are verified offline.
+	devIssuer = "https://fiberd.dev.invalid"
+)
+
+// options is everything the flags and the environment say, checked. run
+// turns it into the homes' and the agent's Configs.
+type options struct {
+	home string // standalone.Name or kubernetes.Name
+	dev  bool
+
+	listen, socket        string
+	listenSet             bool // -listen was given on the command line
+	stateSet, runDirSet   bool // -state, -run-dir were given
+	state, runDir         string
+	nodeID                string
+	issuer, issuerKeys    string
+	jwksMaxStale          time.Duration
+	maxLease              time.Duration
+	grantsDir, templates  string
+	endpointFamily        endpoint.Family
+	endpointHost          string
+	portRange             endpoint.PortRange
+	cgroupRoot            string
+	noCgroups             bool
+	devices               []string
+	staleTTL              time.Duration
+	thrashRate            float64
+	thrashBurst           int
+	tlsCert, tlsKey       string
+	clientCA              string
+	insecurePlaintext     bool
+	insecureNonLoopback   bool // plaintext on a non-loopback address the operator named
+	adminUnsafe           bool
+	verbosity             int
+	kubeconfig            string
+	podName, podNamespace string
+	podUID                string
+	grantTokenFile        string
+	grantIssuerURL        string
+	grantCAFile           string
+}
+
+// environ is what parseFlags reads besides its arguments: environment
+// variables and the host name (the default node id).
+type environ struct {
+	vars     map[string]string
+	hostname string
+}
+
+// flagError is a bad command line: exit status 2, the message names the flag.
+type flagError struct{ msg string }
+
+func (e *flagError) Error() string { return e.msg }
+
+func bad(flagName, format string, args ...any) error {
+	return &flagError{msg: "-" + flagName + ": " + fmt.Sprintf(format, args...)}
+}
+
+// parseFlags reads args (without the program name) and env into options.
+// It does no I/O. Every error is a *flagError naming the flag; -h and
+// -help return flag.ErrHelp after writing the usage to usage.
+func parseFlags(args []string, env environ, usage io.Writer) (options, error) {
+	var o options
+	fs := flag.NewFlagSet("fiberd", flag.ContinueOnError)
+	// Errors are returned, not printed: run prints one line naming the
+	// flag. Only -h prints the flags.
+	fs.SetOutput(io.Discard)
+	fs.Usage = func() {}
+
+	fs.StringVar(&o.home, "home", standalone.Name, "where fiberd runs: standalone or kubernetes")
+	fs.BoolVar(&o.dev, "dev", false, "laptop mode: a temporary state dir (or -state), a local issuer and its grants for the example templates, plaintext API on loopback")
+	fs.StringVar(&o.listen, "listen", fiberd.DefaultListen, "TCP address of the API; empty for none (needs -tls-cert, -tls-key and -client-ca, or -insecure-plaintext)")
+	fs.StringVar(&o.socket, "socket", "", "unix socket of the API (default <state>/fiberd.sock; \"-\" for none)")
+	fs.StringVar(&o.state, "state", defaultState, "state directory (epoch, admin socket); under -dev a new temporary directory unless given")
+	fs.StringVar(&o.runDir, "run-dir", defaultRunDir, "directory of fibers' sockets and logs; under -dev <state>/run unless given")
+	fs.StringVar(&o.nodeID, "node-id", "", "this home's node id, the audience of its grants (default the host name; the Pod name under -home kubernetes)")
+	fs.StringVar(&o.issuer, "issuer", "", "issuer URL grant tokens carry in iss; its keys are found by OIDC discovery unless -issuer-keys is given")
+	fs.StringVar(&o.issuerKeys, "issuer-keys", "", "local JWKS `FILE` of the issuer's public keys, verified offline (no discovery)")
+	fs.DurationVar(&o.jwksMaxStale, "jwks-max-stale", grant.DefaultMaxStale, "how old the issuer's keys may grow before tokens are unverifiable (SHED)")
+	fs.DurationVar(&o.maxLease, "max-lease", 0, "refuse grants with a longer lease (0: any)")
+	fs.StringVar(&o.grantsDir, "grants-dir", "", "directory polled for *.jwt grant files (empty: grants arrive only inside Clone requests; under -dev <state>/grants)")
+	fs.StringVar(&o.templates, "templates", "", "directory of template specs, one <name>.json each (under -dev: examples/templates of this checkout)")
+	family := fs.String("endpoint-family", "", "how fibers are reached: unix, inet4 or inet6 (default unix; inet4 under -dev and -home kubernetes)")
+	fs.StringVar(&o.endpointHost, "endpoint-host", "", "IP fibers listen on and advertise (default the family's loopback; the Pod IP under -home kubernetes)")
+	portRange := fs.String("port-range", fiberd.DefaultPortRange, "TCP ports of inet fibers, FIRST-LAST")
+	fs.StringVar(&o.cgroupRoot, "cgroup-root", "", "cgroup v2 directory fibers are carved under (default a delegated subtree of fiberd's own cgroup; \"none\" for no cgroups)")
+	devices := fs.String("devices", "", "comma-separated device paths or ids handed to every template (standalone)")
+	fs.DurationVar(&o.staleTTL, "stale-ttl", standalone.DefaultStaleTTL, "how long the control plane may be silent before misses turn from DEFERRED_FALLBACK to SHED")
+	fs.Float64Var(&o.thrashRate, "thrash-rate", fiberd.DefaultThrashRate, "Clones per second admitted in the long run; more are SHED")
+	fs.IntVar(&o.thrashBurst, "thrash-burst", fiberd.DefaultThrashBurst, "Clones admitted at once before the thrash rate applies")
+	fs.StringVar(&o.tlsCert, "tls-cert", "", "PEM server certificate of the TCP listener (with -tls-key and -client-ca)")
+	fs.StringVar(&o.tlsKey, "tls-key", "", "PEM key of -tls-cert")
+	fs.StringVar(&o.clientCA, "client-ca", "", "PEM CA bundle client certificates must chain to")
+	fs.BoolVar(&o.insecurePlaintext, "insecure-plaintext", false, "serve the TCP listener without TLS (loopback only, unless -listen names a non-loopback address)")
+	fs.IntVar(&o.verbosity, "v", 0, "log verbosity")
+	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig file (kubernetes; empty: in-cluster)")
+	fs.StringVar(&o.podName, "pod-name", env.vars["POD_NAME"], "this Pod's name (kubernetes; default $POD_NAME)")
+	fs.StringVar(&o.podNamespace, "pod-namespace", env.vars["POD_NAMESPACE"], "this Pod's namespace (kubernetes; default $POD_NAMESPACE)")
+	fs.StringVar(&o.podUID, "pod-uid", env.vars["POD_UID"], "this Pod's UID (kubernetes; default $POD_UID)")
+	fs.StringVar(&o.grantTokenFile, "grant-token-file", "", "bound service-account token sent to fetch the Pod's grant (kubernetes; empty: no fetch)")
+	fs.StringVar(&o.grantIssuerURL, "grant-issuer-url", "", "https URL of the controller the grant is fetched from (kubernetes)")
+	fs.StringVar(&o.grantCAFile, "grant-ca-file", "", "PEM CA bundle of the grant endpoint (kubernetes; empty: system roots)")
+	if fiberd.TestHooks {
+		fs.BoolVar(&o.adminUnsafe, "admin-unsafe", false, "TEST ONLY: enable the admin socket's POST /issuer and POST /scope-lost")
+	}
+
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			fmt.Fprintln(usage, "usage: fiberd [flags]   (fiberd -dev: a laptop setup that needs nothing else)")
+			fs.SetOutput(usage)
+			fs.PrintDefaults()
+			return o, err
+		}
+		return o, &flagError{msg: err.Error()}
+	}
+	if fs.NArg() > 0 {
+		return o, &flagError{msg: fmt.Sprintf("unexpected argument %q: fiberd takes flags only", fs.Arg(0))}
+	}
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	o.listenSet, o.stateSet, o.runDirSet = set["listen"], set["state"], set["run-dir"]
+
+	var err error
+	if o.endpointFamily, err = parseFamily(*family, o.home, o.dev); err != nil {
+		return o, bad("endpoint-family", "%v", err)
+	}
+	if o.portRange, err = endpoint.ParsePortRange(*portRange); err != nil {
+		return o, bad("port-range", "%v", err)
+	}
+	if *devices != "" {
+		for d := range strings.SplitSeq(*devices, ",") {
+			d = strings.TrimSpace(d)
+			if d == "" {
+				return o, bad("devices", "empty entry in %q: list device paths or ids separated by commas", *devices)
+			}
+			o.devices = append(o.devices, d)
+		}
+	}
+	if o.cgroupRoot == "none" {
+		o.cgroupRoot, o.noCgroups = "", true
+	}
+
+	if err := o.check(set, env); err != nil {
+		return o, err
+	}
+	return o, nil
+}
+
+// parseFamily reads -endpoint-family, defaulting it by home.
+func parseFamily(s, home string, dev bool) (endpoint.Family, error) {
+	if s == "" {
+		if dev || home == kubernetes.Name {
+			return endpoint.Inet4, nil
+		}
+		return endpoint.Unix, nil
+	}
+	return endpoint.ParseFamily(s)
+}
+
+// check validates the flags against each other and fills the defaults that
+// depend on others. set holds the flags given on the command line.
+func (o *options) check(set map[string]bool, env environ) error {
+	switch o.home {
+	case standalone.Name, kubernetes.Name:
+	default:
+		return bad("home", "%q is not a home: use standalone or kubernetes", o.home)
+	}
+	kube := o.home == kubernetes.Name
+
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{{"jwks-max-stale", o.jwksMaxStale}, {"max-lease", o.maxLease}, {"stale-ttl", o.staleTTL}} {
+		if d.v < 0 {
+			return bad(d.name, "%v is negative", d.v)
+		}
+	}
+	if o.jwksMaxStale == 0 {
+		return bad("jwks-max-stale", "must be positive")
+	}
+	if o.staleTTL == 0 {
+		return bad("stale-ttl", "must be positive")
+	}
+	if o.thrashRate <= 0 {
+		return bad("thrash-rate", "%v is not positive", o.thrashRate)
+	}
+	if o.thrashBurst <= 0 {
+		return bad("thrash-burst", "%d is not positive", o.thrashBurst)
+	}
+	if o.endpointHost != "" {
+		ip := net.ParseIP(o.endpointHost)
+		if ip == nil {
+			return bad("endpoint-host", "%q is not an IP address", o.endpointHost)
+		}
+		if o.endpointFamily == endpoint.Unix {
+			return bad("endpoint-host", "has no use with -endpoint-family unix")
+		}
+		if (o.endpointFamily == endpoint.Inet4) != (ip.To4() != nil) {
+			return bad("endpoint-host", "%s is not an address of family %v", o.endpointHost, o.endpointFamily)
+		}
+	}
+	if o.cgroupRoot != "" && !filepath.IsAbs(o.cgroupRoot) {
+		return bad("cgroup-root", "%q is not absolute: give a directory under the cgroup2 mount, or \"none\"", o.cgroupRoot)
+	}
+	for _, p := range []struct{ name, v string }{
+		{"state", o.state}, {"run-dir", o.runDir}, {"grants-dir", o.grantsDir}, {"templates", o.templates},
+	} {
+		if p.v != "" && !filepath.IsAbs(p.v) {
+			return bad(p.name, "%q is not an absolute path", p.v)
+		}
+	}
+	if o.socket != "" && o.socket != "-" && !filepath.IsAbs(o.socket) {
+		return bad("socket", "%q is not an absolute path (or \"-\" for none)", o.socket)
+	}
+
+	if o.dev {
+		if err := o.checkDev(set, kube); err != nil {
+			return err
+		}
+	} else if err := o.checkIssuer(); err != nil {
+		return err
+	}
+	if err := o.checkListen(); err != nil {
+		return err
+	}
+
+	if kube {
+		return o.checkKube()
+	}
+	for _, name := range []string{"kubeconfig", "pod-name", "pod-namespace", "pod-uid", "grant-token-file", "grant-issuer-url", "grant-ca-file"} {
+		if set[name] {
+			return bad(name, "applies to -home kubernetes only")
+		}
+	}
+	if o.nodeID == "" {
+		o.nodeID = env.hostname
+	}
+	if o.nodeID == "" {
+		return bad("node-id", "the host name is unknown: set the node id, the audience of this home's grants")
+	}
+	if !o.dev && o.templates == "" {
+		return bad("templates", "is required: the directory of template specs")
+	}
+	return nil
+}
+
+// checkDev checks what -dev allows: it makes its own issuer and grants and
+// serves plaintext on loopback.
+func (o *options) checkDev(set map[string]bool, kube bool) error {
+	if kube {
+		return bad("dev", "runs the standalone home only: drop -home kubernetes")
+	}
+	for _, name := range []string{"issuer", "issuer-keys", "grants-dir", "tls-cert", "tls-key", "client-ca"} {
+		if set[name] {
+			return bad(name, "cannot be combined with -dev, which makes its own issuer, grants and plaintext loopback API")
+		}
+	}
+	if o.listen != "" {
+		host, _, err := net.SplitHostPort(o.listen)
+		if err != nil {
+			return bad("listen", "%q is not host:port: %v", o.listen, err)
+		}
+		if !isLoopback(host) {
+			return bad("listen", "-dev serves plaintext on loopback only; %q is not a loopback address", o.listen)
+		}
+	}
+	o.insecurePlaintext = true
+	o.issuer = devIssuer
+	return nil
+}
+
+// checkIssuer checks -issuer and -issuer-keys outside -dev.
+func (o *options) checkIssuer() error {
+	if o.issuer == "" {
+		return bad("issuer", "is required: the issuer URL grant tokens carry in iss (or run -dev)")
+	}
+	if o.issuerKeys != "" {
+		if !filepath.IsAbs(o.issuerKeys) {
+			return bad("issuer-keys", "%q is not an absolute path", o.issuerKeys)
+		}
+		return nil // verified offline: the issuer is only compared with iss
+	}
+	u, err := url.Parse(o.issuer)
+	if err != nil || u.Host == "" || u.RawQuery != "" || u.Fragment != "" {
+		return bad("issuer", "%q is not an absolute URL without query or fragment", o.issuer)
+	}
+	if u.Scheme != "https" && !(u.Scheme == "http" && isLoopback(u.Hostname())) {
+		return bad("issuer", "%q must be https (http only to a loopback issuer), or give -issuer-keys to verify offline", o.issuer)
+	}
+	return nil
+}
+
+// checkListen checks -listen against the TLS flags and -insecure-plaintext.
+func (o *options) checkListen() error {
+	tls := map[string]string{"tls-cert": o.tlsCert, "tls-key": o.tlsKey, "client-ca": o.clientCA}
+	n := 0
+	for _, v := range tls {
+		if v != "" {
+			n++
+		}
+	}
+	if n != 0 && n != 3 {
+		for _, name := range []string{"tls-cert", "tls-key", "client-ca"} {
+			if tls[name] == "" {
+				return bad(name, "is missing: -tls-cert, -tls-key and -client-ca go together")
+			}
+		}
+	}
+	if o.listen == "" {
+		return nil
+	}
+	host, port, err := net.SplitHostPort(o.listen)
+	if err != nil {
+		return bad("listen", "%q is not host:port: %v", o.listen, err)
+	}
+	if p, err := strconv.Atoi(port); err != nil || p < 0 || p > 65535 {
+		return bad("listen", "%q has no valid port", o.listen)
+	}
+	if n == 3 {
+		if o.insecurePlaintext && !o.dev {
+			return bad("insecure-plaintext", "conflicts with -tls-cert: pick TLS or plaintext")
+		}
+		return nil
+	}
+	if !o.insecurePlaintext {
+		return bad("listen", "%s has no TLS: set -tls-cert, -tls-key and -client-ca, or -insecure-plaintext on a loopback address, or -listen= to serve the unix socket only", o.listen)
+	}
+	if isLoopback(host) {
+		return nil
+	}
+	if host == "" || net.ParseIP(host) != nil && net.ParseIP(host).IsUnspecified() {
+		return bad("listen", "plaintext on the wildcard address %q: name the non-loopback address to expose, or use TLS", o.listen)
+	}
+	if !o.listenSet {
+		return bad("listen", "plaintext on non-loopback %q must be named explicitly", o.listen)
+	}
+	o.insecureNonLoopback = true
+	return nil
+}
+
+// checkKube checks the Kubernetes home's flags.
+func (o *options) checkKube() error {
+	if o.podName == "" {
+		return bad("pod-name", "is required under -home kubernetes (or set $POD_NAME)")
+	}
+	if o.podNamespace == "" {
+		return bad("pod-namespace", "is required under -home kubernetes (or set $POD_NAMESPACE)")
+	}
+	if o.podUID == "" {
+		return bad("pod-uid", "is required under -home kubernetes (or set $POD_UID)")
+	}
+	if o.nodeID == "" {
+		o.nodeID = o.podName
+	}
+	if o.noCgroups {
+		return bad("cgroup-root", "\"none\" is for the standalone home: the Kubernetes home carves the Pod's own cgroup")
+	}
+	if o.grantsDir == "" && !(fiberd.TestHooks && o.adminUnsafe) {
+		return bad("grants-dir", "is required under -home kubernetes: the home admits grants from its files (an empty one is allowed only in a testhooks build under -admin-unsafe)")
+	}
+	if o.grantTokenFile != "" {
+		if o.grantIssuerURL == "" {
+			return bad("grant-issuer-url", "is required with -grant-token-file")
+		}
+		u, err := url.Parse(o.grantIssuerURL)
+		if err != nil || u.Scheme != "https" || u.Host == "" {
+			return bad("grant-issuer-url", "%q must be an https URL", o.grantIssuerURL)
+		}
+		if o.grantsDir == "" {
+			return bad("grants-dir", "is required with -grant-token-file: the fetched grant is written there")
+		}
+	} else if o.grantIssuerURL != "" || o.grantCAFile != "" {
+		return bad("grant-token-file", "is required with -grant-issuer-url and -grant-ca-file")
+	}
+	if o.templates == "" {
+		return bad("templates", "is required: the directory of template specs")
+	}
+	return nil
+}
+
+// isLoopback reports whether host is a loopback IP or "localhost".
+func isLoopback(host string) bool {
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}

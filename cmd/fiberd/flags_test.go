@@ -1,0 +1,281 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"flag"
+	"io"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"fiberd.io/fiberd/pkg/endpoint"
+	"fiberd.io/fiberd/pkg/fiberd"
+)
+
+var testEnv = environ{vars: map[string]string{}, hostname: "node-a"}
+
+// standaloneArgs is a minimal valid standalone command line.
+var standaloneArgs = []string{"-issuer", "https://issuer.example", "-templates", "/etc/fiberd/templates", "-listen="}
+
+// kubeEnv has the Pod's identity in the environment, as the downward API
+// puts it.
+var kubeEnv = environ{vars: map[string]string{"POD_NAME": "grant-pod-1", "POD_NAMESPACE": "tenants", "POD_UID": "0b5e0cbe-1d1b-4f5c-9c1e-2f2f2f2f2f2f"}, hostname: "host"}
+
+var kubeArgs = []string{"-home", "kubernetes", "-issuer", "https://issuer.example", "-templates", "/t", "-grants-dir", "/g", "-listen="}
+
+func TestParseFlagsDefaults(t *testing.T) {
+	o, err := parseFlags(standaloneArgs, testEnv, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := options{
+		home: "standalone", state: defaultState, runDir: defaultRunDir, nodeID: "node-a",
+		issuer: "https://issuer.example", templates: "/etc/fiberd/templates", listenSet: true,
+		jwksMaxStale: 24 * time.Hour, staleTTL: 30 * time.Second,
+		thrashRate: fiberd.DefaultThrashRate, thrashBurst: fiberd.DefaultThrashBurst,
+		endpointFamily: endpoint.Unix,
+	}
+	want.portRange, _ = endpoint.ParsePortRange(fiberd.DefaultPortRange)
+	if !reflect.DeepEqual(o, want) {
+		t.Errorf("options\n got %+v\nwant %+v", o, want)
+	}
+}
+
+func TestParseFlagsModes(t *testing.T) {
+	tests := []struct {
+		name  string
+		args  []string
+		env   environ
+		check func(t *testing.T, o options)
+	}{
+		{
+			name: "dev", args: []string{"-dev"}, env: testEnv,
+			check: func(t *testing.T, o options) {
+				if !o.dev || !o.insecurePlaintext || o.issuer != devIssuer || o.listen != fiberd.DefaultListen || o.endpointFamily != endpoint.Inet4 {
+					t.Errorf("%+v", o)
+				}
+				if o.stateSet {
+					t.Error("-state counted as given")
+				}
+			},
+		},
+		{
+			name: "dev with state and a loopback port", args: []string{"-dev", "-state", "/tmp/x", "-listen", "[::1]:0"}, env: testEnv,
+			check: func(t *testing.T, o options) {
+				if o.state != "/tmp/x" || !o.stateSet || o.runDirSet {
+					t.Errorf("%+v", o)
+				}
+			},
+		},
+		{
+			name: "kubernetes from the environment", args: kubeArgs, env: kubeEnv,
+			check: func(t *testing.T, o options) {
+				if o.podName != "grant-pod-1" || o.podNamespace != "tenants" || o.nodeID != "grant-pod-1" || o.endpointFamily != endpoint.Inet4 {
+					t.Errorf("%+v", o)
+				}
+			},
+		},
+		{
+			name: "kubernetes flags over the environment", args: append(kubeArgs, "-pod-name", "other", "-node-id", "n"), env: kubeEnv,
+			check: func(t *testing.T, o options) {
+				if o.podName != "other" || o.nodeID != "n" {
+					t.Errorf("%+v", o)
+				}
+			},
+		},
+		{
+			name: "kubernetes with a grant fetch",
+			args: append(kubeArgs, "-grant-token-file", "/var/run/secrets/tokens/fiberd", "-grant-issuer-url", "https://ctl.example", "-grant-ca-file", "/ca.pem"),
+			env:  kubeEnv,
+			check: func(t *testing.T, o options) {
+				if o.grantTokenFile == "" || o.grantIssuerURL != "https://ctl.example" {
+					t.Errorf("%+v", o)
+				}
+			},
+		},
+		{
+			name: "TLS listener", args: []string{"-issuer", "https://i", "-templates", "/t", "-listen", "0.0.0.0:8484", "-tls-cert", "/c", "-tls-key", "/k", "-client-ca", "/ca"}, env: testEnv,
+			check: func(t *testing.T, o options) {
+				if o.insecurePlaintext || o.insecureNonLoopback {
+					t.Errorf("%+v", o)
+				}
+			},
+		},
+		{
+			name: "plaintext on loopback", args: []string{"-issuer", "https://i", "-templates", "/t", "-insecure-plaintext"}, env: testEnv,
+			check: func(t *testing.T, o options) {
+				if !o.insecurePlaintext || o.insecureNonLoopback {
+					t.Errorf("%+v", o)
+				}
+			},
+		},
+		{
+			name: "plaintext on a named non-loopback address", args: []string{"-issuer", "https://i", "-templates", "/t", "-insecure-plaintext", "-listen", "10.0.0.5:8484"}, env: testEnv,
+			check: func(t *testing.T, o options) {
+				if !o.insecureNonLoopback {
+					t.Errorf("%+v", o)
+				}
+			},
+		},
+		{
+			name: "offline keys, devices, cgroups off", args: append(standaloneArgs[:4:4], "-issuer-keys", "/k.json", "-devices", "/dev/a, /dev/b", "-cgroup-root", "none", "-listen="), env: testEnv,
+			check: func(t *testing.T, o options) {
+				if o.issuerKeys != "/k.json" || strings.Join(o.devices, "|") != "/dev/a|/dev/b" || !o.noCgroups || o.cgroupRoot != "" {
+					t.Errorf("%+v", o)
+				}
+			},
+		},
+		{
+			name: "loopback http issuer", args: []string{"-issuer", "http://127.0.0.1:9000", "-templates", "/t", "-listen="}, env: testEnv,
+			check: func(t *testing.T, o options) {},
+		},
+		{
+			name: "thrash and endpoints", args: append(standaloneArgs, "-thrash-rate", "50", "-thrash-burst", "10", "-endpoint-family", "inet6", "-endpoint-host", "::1", "-port-range", "30000-30010"), env: testEnv,
+			check: func(t *testing.T, o options) {
+				if o.thrashRate != 50 || o.thrashBurst != 10 || o.endpointFamily != endpoint.Inet6 || o.portRange.String() != "30000-30010" {
+					t.Errorf("%+v", o)
+				}
+			},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			o, err := parseFlags(tt.args, tt.env, io.Discard)
+			if err != nil {
+				t.Fatalf("parseFlags(%q) = %v", tt.args, err)
+			}
+			tt.check(t, o)
+		})
+	}
+}
+
+func TestParseFlagsRefusals(t *testing.T) {
+	sa := func(extra ...string) []string { return append(append([]string{}, standaloneArgs...), extra...) }
+	ka := func(extra ...string) []string { return append(append([]string{}, kubeArgs...), extra...) }
+	tests := []struct {
+		name string
+		args []string
+		env  environ
+		flag string // the message must name it
+	}{
+		{"unknown flag", sa("-bogus"), testEnv, "-bogus"},
+		{"double-dash unknown", sa("--nope=1"), testEnv, "-nope"},
+		{"positional argument", sa("extra"), testEnv, "extra"},
+		{"bad home", sa("-home", "nomad"), testEnv, "-home"},
+		{"no issuer", []string{"-templates", "/t", "-listen="}, testEnv, "-issuer"},
+		{"issuer not https", []string{"-issuer", "http://issuer.example", "-templates", "/t", "-listen="}, testEnv, "-issuer"},
+		{"issuer not a URL", []string{"-issuer", "issuer", "-templates", "/t", "-listen="}, testEnv, "-issuer"},
+		{"relative issuer keys", sa("-issuer-keys", "keys.json"), testEnv, "-issuer-keys"},
+		{"no templates", []string{"-issuer", "https://i", "-listen="}, testEnv, "-templates"},
+		{"relative templates", []string{"-issuer", "https://i", "-templates", "t", "-listen="}, testEnv, "-templates"},
+		{"relative state", sa("-state", "var/fiberd"), testEnv, "-state"},
+		{"relative run dir", sa("-run-dir", "run"), testEnv, "-run-dir"},
+		{"relative grants dir", sa("-grants-dir", "g"), testEnv, "-grants-dir"},
+		{"relative socket", sa("-socket", "f.sock"), testEnv, "-socket"},
+		{"no node id", sa(), environ{vars: map[string]string{}}, "-node-id"},
+		{"bad duration", sa("-stale-ttl", "soon"), testEnv, "-stale-ttl"},
+		{"zero stale ttl", sa("-stale-ttl", "0s"), testEnv, "-stale-ttl"},
+		{"negative max lease", sa("-max-lease", "-1h"), testEnv, "-max-lease"},
+		{"zero jwks max stale", sa("-jwks-max-stale", "0s"), testEnv, "-jwks-max-stale"},
+		{"bad family", sa("-endpoint-family", "ipx"), testEnv, "-endpoint-family"},
+		{"bad port range", sa("-port-range", "9-1"), testEnv, "-port-range"},
+		{"endpoint host not an IP", sa("-endpoint-family", "inet4", "-endpoint-host", "node1"), testEnv, "-endpoint-host"},
+		{"endpoint host of the other family", sa("-endpoint-family", "inet4", "-endpoint-host", "::1"), testEnv, "-endpoint-host"},
+		{"endpoint host with unix", sa("-endpoint-host", "127.0.0.1"), testEnv, "-endpoint-host"},
+		{"relative cgroup root", sa("-cgroup-root", "fiberd"), testEnv, "-cgroup-root"},
+		{"empty device", sa("-devices", "/dev/a,,/dev/b"), testEnv, "-devices"},
+		{"zero thrash rate", sa("-thrash-rate", "0"), testEnv, "-thrash-rate"},
+		{"negative thrash burst", sa("-thrash-burst", "-1"), testEnv, "-thrash-burst"},
+		{"thrash rate not a number", sa("-thrash-rate", "fast"), testEnv, "-thrash-rate"},
+		{"tls cert alone", sa("-listen", "127.0.0.1:8484", "-tls-cert", "/c"), testEnv, "-tls-key"},
+		{"tls without client ca", sa("-tls-cert", "/c", "-tls-key", "/k"), testEnv, "-client-ca"},
+		{"tls and plaintext", sa("-listen", "127.0.0.1:1", "-tls-cert", "/c", "-tls-key", "/k", "-client-ca", "/ca", "-insecure-plaintext"), testEnv, "-insecure-plaintext"},
+		{"default listen without TLS", []string{"-issuer", "https://i", "-templates", "/t"}, testEnv, "-listen"},
+		{"listen not host:port", sa("-listen", "8484", "-insecure-plaintext"), testEnv, "-listen"},
+		{"plaintext on the wildcard", sa("-listen", ":8484", "-insecure-plaintext"), testEnv, "-listen"},
+		{"plaintext on 0.0.0.0", sa("-listen", "0.0.0.0:8484", "-insecure-plaintext"), testEnv, "-listen"},
+		{"kubernetes flag on standalone", sa("-pod-name", "p"), testEnv, "-pod-name"},
+		{"kubeconfig on standalone", sa("-kubeconfig", "/k"), testEnv, "-kubeconfig"},
+		{"dev with kubernetes", []string{"-dev", "-home", "kubernetes"}, kubeEnv, "-dev"},
+		{"dev with an issuer", []string{"-dev", "-issuer", "https://i"}, testEnv, "-issuer"},
+		{"dev with a grants dir", []string{"-dev", "-grants-dir", "/g"}, testEnv, "-grants-dir"},
+		{"dev with TLS", []string{"-dev", "-tls-cert", "/c"}, testEnv, "-tls-cert"},
+		{"dev on a public address", []string{"-dev", "-listen", "10.1.2.3:8484"}, testEnv, "-listen"},
+		{"kubernetes without pod name", ka(), environ{vars: map[string]string{"POD_NAMESPACE": "n", "POD_UID": "u"}}, "-pod-name"},
+		{"kubernetes without namespace", ka(), environ{vars: map[string]string{"POD_NAME": "p", "POD_UID": "u"}}, "-pod-namespace"},
+		{"kubernetes without pod uid", ka(), environ{vars: map[string]string{"POD_NAME": "p", "POD_NAMESPACE": "n"}}, "-pod-uid"},
+		{"kubernetes without grants dir", []string{"-home", "kubernetes", "-issuer", "https://i", "-templates", "/t", "-listen="}, kubeEnv, "-grants-dir"},
+		{"kubernetes without templates", []string{"-home", "kubernetes", "-issuer", "https://i", "-grants-dir", "/g", "-listen="}, kubeEnv, "-templates"},
+		{"kubernetes without cgroups", ka("-cgroup-root", "none"), kubeEnv, "-cgroup-root"},
+		{"token without issuer url", ka("-grant-token-file", "/t"), kubeEnv, "-grant-issuer-url"},
+		{"grant issuer url not https", ka("-grant-token-file", "/t", "-grant-issuer-url", "http://ctl"), kubeEnv, "-grant-issuer-url"},
+		{"grant issuer url without token", ka("-grant-issuer-url", "https://ctl"), kubeEnv, "-grant-token-file"},
+	}
+	if !fiberd.TestHooks {
+		tests = append(tests, struct {
+			name string
+			args []string
+			env  environ
+			flag string
+		}{"admin-unsafe without testhooks", sa("-admin-unsafe"), testEnv, "-admin-unsafe"})
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := parseFlags(tt.args, tt.env, io.Discard)
+			var fe *flagError
+			if !errors.As(err, &fe) {
+				t.Fatalf("parseFlags(%q) = %v, want a *flagError", tt.args, err)
+			}
+			if !strings.Contains(err.Error(), tt.flag) {
+				t.Errorf("error %q does not name %s", err, tt.flag)
+			}
+
+			// The command exits 2 with the message on stderr.
+			var stdout, stderr bytes.Buffer
+			if code := run(context.Background(), tt.args, tt.env, &stdout, &stderr); code != exitUsage {
+				t.Errorf("exit %d, want %d", code, exitUsage)
+			}
+			if !strings.Contains(stderr.String(), tt.flag) {
+				t.Errorf("stderr %q does not name %s", stderr.String(), tt.flag)
+			}
+		})
+	}
+}
+
+func TestHelpExitsZero(t *testing.T) {
+	var stdout, stderr bytes.Buffer
+	if code := run(context.Background(), []string{"-h"}, testEnv, &stdout, &stderr); code != exitOK {
+		t.Fatalf("-h exit %d", code)
+	}
+	for _, f := range []string{"-dev", "-home", "-grants-dir", "-cgroup-root", "-insecure-plaintext", "-pod-uid"} {
+		if !strings.Contains(stderr.String(), f) {
+			t.Errorf("usage does not list %s", f)
+		}
+	}
+	if _, err := parseFlags([]string{"-help"}, testEnv, io.Discard); !errors.Is(err, flag.ErrHelp) {
+		t.Errorf("-help = %v", err)
+	}
+}
+
+// TestKubernetesWithoutGrantsDir: only a testhooks build under
+// -admin-unsafe starts the Kubernetes home with no grants directory, so
+// grants arrive inside Clone requests.
+func TestKubernetesWithoutGrantsDir(t *testing.T) {
+	args := []string{"-home", "kubernetes", "-issuer", "https://i", "-templates", "/t", "-listen=", "-admin-unsafe"}
+	o, err := parseFlags(args, kubeEnv, io.Discard)
+	if !fiberd.TestHooks {
+		if err == nil || !strings.Contains(err.Error(), "-admin-unsafe") {
+			t.Fatalf("without testhooks: %v, want -admin-unsafe refused", err)
+		}
+		return
+	}
+	if err != nil || !o.adminUnsafe || o.grantsDir != "" {
+		t.Fatalf("testhooks build: %+v, %v", o, err)
+	}
+	if _, err := parseFlags(args[:len(args)-1], kubeEnv, io.Discard); err == nil || !strings.Contains(err.Error(), "-grants-dir") {
+		t.Fatalf("testhooks build without -admin-unsafe: %v, want -grants-dir refused", err)
+	}
+}

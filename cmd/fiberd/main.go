@@ -1,0 +1,257 @@
+// Command fiberd is the agent daemon: one per home (a host, or a Kubernetes
+// grant Pod). It admits the grants its home delivers, keeps their templates
+// warm, and serves Clone on an HTTP API over a unix socket and TCP.
+//
+// Usage:
+//
+//	fiberd -dev                                  # a laptop: nothing else needed
+//	fiberd -issuer URL [-issuer-keys FILE] -templates DIR [-grants-dir DIR] [flags]
+//	fiberd -home kubernetes -templates DIR -grants-dir DIR [-grant-token-file F -grant-issuer-url URL] [flags]
+//
+// Run "fiberd -h" for every flag. A TCP listener (-listen, default
+// 127.0.0.1:8484) needs -tls-cert, -tls-key and -client-ca, or
+// -insecure-plaintext; -listen= serves the unix socket only.
+//
+// Exit status: 0 after SIGTERM or SIGINT once drained (fibers released,
+// zygotes stopped); 1 when fiberd cannot start or fails; 2 on a bad flag,
+// with a message naming it.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"syscall"
+
+	"github.com/go-logr/logr"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/klog/v2"
+
+	"fiberd.io/fiberd/pkg/backend"
+	"fiberd.io/fiberd/pkg/fiberd"
+	"fiberd.io/fiberd/pkg/grant"
+	"fiberd.io/fiberd/pkg/home"
+	"fiberd.io/fiberd/pkg/home/kubernetes"
+	"fiberd.io/fiberd/pkg/home/standalone"
+)
+
+// The homes satisfy the agent's optional interfaces structurally; these
+// lines keep them honest where both sides are imported.
+var (
+	_ fiberd.IssuerOverrider = (*standalone.Home)(nil)
+	_ fiberd.IssuerOverrider = (*kubernetes.Home)(nil)
+	_ fiberd.ScopeLoser      = (*kubernetes.Home)(nil)
+	_ fiberd.EndpointHoster  = (*kubernetes.Home)(nil)
+)
+
+// Exit codes.
+const (
+	exitOK      = 0
+	exitFailure = 1
+	exitUsage   = 2
+)
+
+func main() {
+	env := environ{vars: map[string]string{}}
+	for _, kv := range os.Environ() {
+		if k, v, ok := strings.Cut(kv, "="); ok {
+			env.vars[k] = v
+		}
+	}
+	env.hostname, _ = os.Hostname()
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	go func() {
+		// The first signal drains; a second one kills, as by default.
+		<-ctx.Done()
+		stop()
+	}()
+	os.Exit(run(ctx, os.Args[1:], env, os.Stdout, os.Stderr))
+}
+
+// run is fiberd from its arguments to its exit status. ctx ending is the
+// signal to drain and stop.
+func run(ctx context.Context, args []string, env environ, stdout, stderr io.Writer) int {
+	o, err := parseFlags(args, env, stderr)
+	if errors.Is(err, flag.ErrHelp) {
+		return exitOK
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "fiberd: %v\nRun \"fiberd -h\" for the flags.\n", err)
+		return exitUsage
+	}
+	var kfs flag.FlagSet
+	klog.InitFlags(&kfs)
+	_ = kfs.Set("v", strconv.Itoa(o.verbosity))
+	log := klog.Background()
+
+	var dev *devSetup
+	if o.dev {
+		if dev, err = prepareDev(&o, log); err != nil {
+			fmt.Fprintf(stderr, "fiberd -dev: %v\n", err)
+			return exitFailure
+		}
+		defer dev.cleanup(log)
+	}
+
+	agent, err := build(ctx, o, log)
+	if err != nil {
+		fmt.Fprintf(stderr, "fiberd: %v\n", err)
+		return exitFailure
+	}
+	log.Info("fiberd starting", "home", o.home, "epoch", agent.Epoch(), "state", o.state,
+		"socket", agent.SocketPath(), "listen", addrString(agent))
+
+	done := make(chan error, 1)
+	stopped := make(chan struct{})
+	go func() {
+		done <- agent.Run(ctx)
+		close(stopped)
+	}()
+	if dev != nil {
+		dev.announce(ctx, agent, stopped, stdout, log)
+	}
+	if err := <-done; err != nil {
+		fmt.Fprintf(stderr, "fiberd: %v\n", err)
+		return exitFailure
+	}
+	log.Info("fiberd stopped: every fiber released, every zygote stopped")
+	return exitOK
+}
+
+// build turns the options into a running agent's parts: the issuer's keys,
+// the home, the backends and the agent itself. It closes what it built when
+// a later step fails.
+func build(ctx context.Context, o options, log logr.Logger) (*fiberd.Agent, error) {
+	var (
+		keys  grant.KeySource
+		cache *grant.Cache
+	)
+	if o.issuerKeys != "" {
+		static, err := grant.ReadStaticKeys(o.issuerKeys)
+		if err != nil {
+			return nil, fmt.Errorf("-issuer-keys: %w", err)
+		}
+		log.Info("Verifying grants offline", "issuer", o.issuer, "keys", static.KeyIDs())
+		keys = static
+	} else {
+		c, err := grant.NewCache(o.issuer, grant.CacheOptions{MaxStale: o.jwksMaxStale, Logger: log})
+		if err != nil {
+			return nil, fmt.Errorf("-issuer: %w", err)
+		}
+		keys, cache = c, c
+	}
+
+	h, err := buildHome(ctx, o, cache, log)
+	if err != nil {
+		return nil, err
+	}
+	warm, err := backend.NewProc(backend.Config{Logger: log.WithName("proc")})
+	if err != nil {
+		h.Close()
+		return nil, fmt.Errorf("proc backend: %w", err)
+	}
+	basic, err := backend.NewExec(backend.Config{Logger: log.WithName("exec")})
+	if err != nil {
+		warm.Close()
+		h.Close()
+		return nil, fmt.Errorf("exec backend: %w", err)
+	}
+	// From here the agent owns the home and the backends, also when New
+	// fails.
+	return fiberd.New(ctx, fiberd.Config{
+		Home:                     h,
+		Issuer:                   o.issuer,
+		NodeID:                   o.nodeID,
+		Keys:                     keys,
+		MaxLease:                 o.maxLease,
+		Templates:                o.templates,
+		Warm:                     warm,
+		Basic:                    basic,
+		StateDir:                 o.state,
+		RunDir:                   o.runDir,
+		Listen:                   o.listen,
+		Socket:                   o.socket,
+		TLSCert:                  o.tlsCert,
+		TLSKey:                   o.tlsKey,
+		ClientCA:                 o.clientCA,
+		InsecurePlaintext:        o.insecurePlaintext,
+		InsecureAllowNonLoopback: o.insecureNonLoopback,
+		EndpointFamily:           o.endpointFamily,
+		EndpointHost:             o.endpointHost,
+		PortRange:                o.portRange,
+		ThrashRate:               o.thrashRate,
+		ThrashBurst:              o.thrashBurst,
+		Logger:                   log,
+		AdminUnsafe:              o.adminUnsafe,
+	})
+}
+
+// buildHome builds the home -home names.
+func buildHome(ctx context.Context, o options, cache *grant.Cache, log logr.Logger) (home.Home, error) {
+	if o.home == standalone.Name {
+		h, err := standalone.New(standalone.Config{
+			GrantsDir:  o.grantsDir,
+			Cache:      cache,
+			StaleTTL:   o.staleTTL,
+			CgroupRoot: o.cgroupRoot,
+			NoCgroups:  o.noCgroups,
+			Devices:    o.devices,
+			Logger:     log,
+		})
+		if err != nil {
+			return nil, err
+		}
+		return h, nil
+	}
+
+	var (
+		rc  *rest.Config
+		err error
+	)
+	if o.kubeconfig != "" {
+		rc, err = clientcmd.BuildConfigFromFlags("", o.kubeconfig)
+	} else {
+		rc, err = rest.InClusterConfig()
+	}
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes home: cluster config (-kubeconfig %q): %w", o.kubeconfig, err)
+	}
+	kube, err := kubernetes.NewKube(ctx, rc)
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes home: %w", err)
+	}
+	h, err := kubernetes.New(ctx, kubernetes.Config{
+		Kube:           kube,
+		PodName:        o.podName,
+		PodNamespace:   o.podNamespace,
+		PodUID:         o.podUID,
+		StaleTTL:       o.staleTTL,
+		GrantsDir:      o.grantsDir,
+		GrantTokenFile: o.grantTokenFile,
+		GrantIssuerURL: o.grantIssuerURL,
+		GrantCAFile:    o.grantCAFile,
+		Cache:          cache,
+		Family:         o.endpointFamily,
+		Devices:        o.devices,
+		CgroupRoot:     o.cgroupRoot,
+		Logger:         log,
+	})
+	if err != nil {
+		return nil, err
+	}
+	return h, nil
+}
+
+func addrString(a *fiberd.Agent) string {
+	if addr := a.Addr(); addr != nil {
+		return addr.String()
+	}
+	return ""
+}

@@ -1,0 +1,133 @@
+package kubernetes
+
+import (
+	"encoding/base64"
+	"errors"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr"
+	corev1 "k8s.io/api/core/v1"
+)
+
+// CgroupRoot: "Empty means the cgroup this process runs in, under
+// /sys/fs/cgroup, delegated: fiberd moves into its `fiberd` leaf and carves
+// under its `grants` child." The delegation itself is pkg/cgroup's and
+// tested there; here, that New asks for it and how it fails.
+func TestResolveCgroupRoot(t *testing.T) {
+	self := func() (string, error) { return "/sys/fs/cgroup/kubepods/pod1/c1", nil }
+	var delegated []string
+	delegate := func(root string, _ logr.Logger) (string, error) {
+		delegated = append(delegated, root)
+		return root + "/grants", nil
+	}
+	got, err := resolveCgroupRoot("", self, delegate, logr.Discard())
+	if err != nil || got != "/sys/fs/cgroup/kubepods/pod1/c1/grants" {
+		t.Fatalf("empty CgroupRoot: %q, %v; want the grants child of the delegated cgroup", got, err)
+	}
+	if !slices.Equal(delegated, []string{"/sys/fs/cgroup/kubepods/pod1/c1"}) {
+		t.Fatalf("delegated %q, want this process's cgroup", delegated)
+	}
+
+	delegated = nil
+	got, err = resolveCgroupRoot("/sys/fs/cgroup/fiberd.slice", self, delegate, logr.Discard())
+	if err != nil || got != "/sys/fs/cgroup/fiberd.slice" || delegated != nil {
+		t.Fatalf("set CgroupRoot: %q, %v, delegated %q; want it as given, nothing delegated", got, err, delegated)
+	}
+
+	_, err = resolveCgroupRoot("", self, func(string, logr.Logger) (string, error) {
+		return "", errors.New("permission denied")
+	}, logr.Discard())
+	if err == nil || !strings.Contains(err.Error(), "/sys/fs/cgroup/kubepods/pod1/c1") || !strings.Contains(err.Error(), "delegated, writable cgroup") {
+		t.Fatalf("failed delegation: %v; want the path and the fix", err)
+	}
+	_, err = resolveCgroupRoot("", func() (string, error) { return "", errors.New("no cgroup2 mount") }, delegate, logr.Discard())
+	if err == nil || !strings.Contains(err.Error(), "CgroupRoot") {
+		t.Fatalf("no own cgroup: %v; want the fix", err)
+	}
+}
+
+func seg(s string) string { return base64.RawURLEncoding.EncodeToString([]byte(s)) }
+
+func TestPeekClaims(t *testing.T) {
+	hdr := seg(`{"alg":"EdDSA","kid":"k"}`)
+	tests := []struct {
+		name    string
+		token   string
+		wantErr bool
+		want    tokenClaims
+	}{
+		{"good", hdr + "." + seg(`{"jti":"g1","iat":1000,"exp":3000}`) + ".c2ln", false,
+			tokenClaims{UID: "g1", IssuedAt: time.Unix(1000, 0), Expiry: time.Unix(3000, 0)}},
+		{"fractional", hdr + "." + seg(`{"iat":1000.5,"exp":3000.9}`) + ".c2ln", false,
+			tokenClaims{IssuedAt: time.Unix(1000, 0), Expiry: time.Unix(3000, 0)}},
+		{"two parts", hdr + "." + seg(`{"iat":1,"exp":2}`), true, tokenClaims{}},
+		{"no exp", hdr + "." + seg(`{"iat":1}`) + ".c2ln", true, tokenClaims{}},
+		{"exp before iat", hdr + "." + seg(`{"iat":5,"exp":2}`) + ".c2ln", true, tokenClaims{}},
+		{"negative", hdr + "." + seg(`{"iat":-5,"exp":2}`) + ".c2ln", true, tokenClaims{}},
+		{"huge", hdr + "." + seg(`{"iat":1,"exp":1e300}`) + ".c2ln", true, tokenClaims{}},
+		{"bad base64", hdr + ".!!!.c2ln", true, tokenClaims{}},
+		{"not json", hdr + "." + seg(`[1,2]`) + ".c2ln", true, tokenClaims{}},
+		{"oversized", hdr + "." + seg(`{"iat":1,"exp":2,"x":"`+strings.Repeat("a", maxTokenSize)+`"}`) + ".c2ln", true, tokenClaims{}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := peekClaims([]byte(tt.token))
+			if (err != nil) != tt.wantErr {
+				t.Fatalf("peekClaims: %v, wantErr %v", err, tt.wantErr)
+			}
+			if !tt.wantErr && (got.UID != tt.want.UID || !got.IssuedAt.Equal(tt.want.IssuedAt) || !got.Expiry.Equal(tt.want.Expiry)) {
+				t.Fatalf("peekClaims = %+v, want %+v", got, tt.want)
+			}
+		})
+	}
+	c, _ := peekClaims([]byte(tests[0].token))
+	if want := time.Unix(2000, 0); !c.renewAt().Equal(want) {
+		t.Fatalf("renewAt = %v, want iat + (exp-iat)/2 = %v", c.renewAt(), want)
+	}
+}
+
+// FuzzPeekClaims: a grant fetch's answer is untrusted; the peek must never
+// panic and must keep its promises on what it accepts.
+func FuzzPeekClaims(f *testing.F) {
+	hdr := seg(`{"alg":"EdDSA","kid":"k"}`)
+	f.Add([]byte(hdr + "." + seg(`{"jti":"g1","iat":1000,"exp":3000}`) + ".c2ln"))
+	f.Add([]byte(hdr + "." + seg(`{"iat":1e20,"exp":1e21}`) + ".c2ln"))
+	f.Add([]byte("a.b.c"))
+	f.Add([]byte(".."))
+	f.Add([]byte(""))
+	f.Fuzz(func(t *testing.T, token []byte) {
+		c, err := peekClaims(token)
+		if err != nil {
+			return
+		}
+		if len(token) > maxTokenSize || !c.Expiry.After(c.IssuedAt) {
+			t.Fatalf("accepted %q as %+v", token, c)
+		}
+	})
+}
+
+// The Pod's claims: named directly in spec, or generated from a template
+// and named in status.
+func TestPodClaims(t *testing.T) {
+	ptr := func(s string) *string { return &s }
+	p := &corev1.Pod{
+		Spec: corev1.PodSpec{ResourceClaims: []corev1.PodResourceClaim{
+			{Name: "direct", ResourceClaimName: ptr("shared-gpu")},
+			{Name: "tmpl", ResourceClaimTemplateName: ptr("gpu-template")},
+			{Name: "unneeded", ResourceClaimTemplateName: ptr("t2")},
+		}},
+		Status: corev1.PodStatus{ResourceClaimStatuses: []corev1.PodResourceClaimStatus{
+			{Name: "tmpl", ResourceClaimName: ptr("pod-tmpl-x7k")},
+			{Name: "unneeded"}, // nil: no claim was needed
+		}},
+	}
+	if got, want := podClaims(p), []string{"shared-gpu", "pod-tmpl-x7k"}; !slices.Equal(got, want) {
+		t.Fatalf("podClaims = %q, want %q", got, want)
+	}
+	if got := podClaims(&corev1.Pod{}); len(got) != 0 {
+		t.Fatalf("podClaims of a Pod without claims = %q", got)
+	}
+}
