@@ -63,6 +63,11 @@ func TestManifestsAgree(t *testing.T) {
 			t.Errorf("grant-pod.yaml env %s from %q, want the downward API's %s", name, envs[name], path)
 		}
 	}
+	for _, e := range c.Env {
+		if e.Name == "SSL_CERT_FILE" && e.Value != args["-grant-ca-file"] {
+			t.Errorf("grant-pod.yaml SSL_CERT_FILE %q, want -grant-ca-file's %q", e.Value, args["-grant-ca-file"])
+		}
+	}
 	var audience string
 	var expiry int64
 	for _, v := range pod.Spec.Volumes {

@@ -134,6 +134,8 @@ type Home struct {
 	lane       *home.FileLane // nil without GrantsDir
 	health     *core.SourceHealth
 	cgroupRoot string
+	sys        cgroupSys
+	carved     bool // cgroupRoot is a child of the root cgroup this home made
 
 	mu         sync.Mutex
 	ready      map[string]bool // by grant UID: its template is warm
@@ -164,6 +166,9 @@ type cgroupSys interface {
 	Check(dir string) error
 	// MakeDir creates dir as a cgroup, or reuses it.
 	MakeDir(dir string) error
+	// RemoveDir removes the cgroup dir; it fails while dir has processes
+	// or children.
+	RemoveDir(dir string) error
 }
 
 func newHome(cfg Config, sys cgroupSys) (*Home, error) {
@@ -174,6 +179,7 @@ func newHome(cfg Config, sys cgroupSys) (*Home, error) {
 	cfg.Devices = slices.Clone(cfg.Devices)
 	h := &Home{
 		cfg:   cfg,
+		sys:   sys,
 		log:   cfg.Logger.WithName("standalone"),
 		ready: make(map[string]bool),
 	}
@@ -239,6 +245,7 @@ func (h *Home) settleCgroupRoot(sys cgroupSys) (string, error) {
 			return without(err)
 		}
 		h.log.Info("This process runs in the root cgroup; carving fibers under a child of it", "cgroupRoot", root)
+		h.carved = true
 		return root, nil
 	}
 	grants, err := sys.Delegate(self, h.log)
@@ -405,6 +412,14 @@ func (h *Home) Close() {
 	if h.lane != nil {
 		h.lane.Wait()
 	}
+	if h.carved {
+		// The agent has removed its grants' cgroups by now. Another fiberd
+		// on this host may still carve under the same child of the root
+		// cgroup, and then the removal fails harmlessly: it is not empty.
+		if err := h.sys.RemoveDir(h.cgroupRoot); err == nil {
+			h.log.V(1).Info("Removed the cgroup this home carved", "cgroupRoot", h.cgroupRoot)
+		}
+	}
 }
 
 // hostCgroups is cgroupSys on this host, through pkg/cgroup.
@@ -424,6 +439,8 @@ func (hostCgroups) Check(dir string) error {
 	}
 	return nil
 }
+
+func (hostCgroups) RemoveDir(dir string) error { return os.Remove(dir) }
 
 func (h hostCgroups) MakeDir(dir string) error {
 	if err := os.Mkdir(dir, 0o755); err != nil && !errors.Is(err, os.ErrExist) {

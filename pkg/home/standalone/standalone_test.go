@@ -44,6 +44,7 @@ type fakeCgroups struct {
 	mu        sync.Mutex
 	delegated []string
 	made      []string
+	removed   []string
 }
 
 func (f *fakeCgroups) Mount() (string, error) { return f.mount, f.mountErr }
@@ -58,6 +59,12 @@ func (f *fakeCgroups) Delegate(root string, _ logr.Logger) (string, error) {
 	return filepath.Join(root, "grants"), nil
 }
 func (f *fakeCgroups) Check(string) error { return f.checkErr }
+func (f *fakeCgroups) RemoveDir(dir string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.removed = append(f.removed, dir)
+	return nil
+}
 func (f *fakeCgroups) MakeDir(dir string) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -130,9 +137,17 @@ func TestCgroupRoot(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			defer h.Close()
 			if got := h.CgroupRoot(); got != tt.want {
 				t.Errorf("CgroupRoot = %q, want %q", got, tt.want)
+			}
+			h.Close()
+			// Close removes the child of the root cgroup it carved, and
+			// nothing it did not create.
+			if tt.made != "" && (len(tt.sys.removed) != 1 || tt.sys.removed[0] != tt.made) {
+				t.Errorf("Close removed %v, want the carved %q", tt.sys.removed, tt.made)
+			}
+			if tt.made == "" && len(tt.sys.removed) != 0 {
+				t.Errorf("Close removed %v, which it did not create", tt.sys.removed)
 			}
 			if got := len(tt.sys.delegated) > 0; got != tt.delegate {
 				t.Errorf("delegated %v, want %v", tt.sys.delegated, tt.delegate)
