@@ -1,18 +1,15 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"io/fs"
 	"maps"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -23,6 +20,7 @@ import (
 	"github.com/go-logr/logr"
 	"k8s.io/utils/clock"
 
+	"fiberd.io/fiberd/internal/devkit"
 	"fiberd.io/fiberd/pkg/client"
 	"fiberd.io/fiberd/pkg/core"
 	"fiberd.io/fiberd/pkg/fiberd"
@@ -171,7 +169,7 @@ func readSpecs(dir string) (map[string][]byte, error) {
 // BASIC by fork+exec, for comparing the two. A language whose toolchain is
 // missing (cc, python3) is skipped with a log line.
 func writeExampleSpecs(dir, devDir string, log logr.Logger) (map[string][]byte, error) {
-	root, err := findCheckout()
+	root, err := devkit.FindCheckout()
 	if err != nil {
 		return nil, err
 	}
@@ -180,150 +178,34 @@ func writeExampleSpecs(dir, devDir string, log logr.Logger) (map[string][]byte, 
 	}
 	specs := map[string][]byte{}
 	add := func(name string, s template.Spec) error {
-		b, err := json.MarshalIndent(s, "", "  ")
+		b, err := devkit.WriteSpec(dir, name, s)
 		if err != nil {
 			return err
-		}
-		b = append(b, '\n')
-		if old, err := os.ReadFile(filepath.Join(dir, name+".json")); err != nil || !bytes.Equal(old, b) {
-			if err := core.WriteFileAtomic(filepath.Join(dir, name+".json"), b, 0o644); err != nil {
-				return err
-			}
 		}
 		specs[name] = b
 		return nil
 	}
 
-	if bin, err := buildCounterC(root, filepath.Join(devDir, "bin")); err != nil {
+	if bin, err := devkit.BuildCounterC(root, filepath.Join(devDir, "bin")); err != nil {
 		log.Info("Skipping the C example templates", "reason", err.Error())
 	} else {
-		spec := template.Spec{Command: bin, Args: []string{"--init-ms", devInitMs}, Workdir: filepath.Dir(bin)}
 		for _, zy := range []bool{true, false} {
-			spec.Zygote = zy
-			if err := add(coldName("counter-c", zy), spec); err != nil {
+			if err := add(devkit.ColdName("counter-c", zy), devkit.CounterCSpec(bin, zy, "--init-ms", devInitMs)); err != nil {
 				return nil, err
 			}
 		}
 	}
 
-	if py, err := pythonInterpreter(); err != nil {
+	if py, err := devkit.PythonInterpreter(); err != nil {
 		log.Info("Skipping the Python example templates", "reason", err.Error())
 	} else {
-		src := filepath.Join(root, "examples", "templates", "python")
-		spec := template.Spec{
-			Command: py,
-			Args:    []string{filepath.Join(src, "counter.py"), "--init-ms", devInitMs},
-			Env:     map[string]string{"PYTHONPATH": filepath.Join(root, "sdk", "zygote", "python"), "PYTHONUNBUFFERED": "1"},
-			Workdir: src,
-		}
 		for _, zy := range []bool{true, false} {
-			spec.Zygote = zy
-			if err := add(coldName("counter-py", zy), spec); err != nil {
+			if err := add(devkit.ColdName("counter-py", zy), devkit.CounterPySpec(root, py, zy, "--init-ms", devInitMs)); err != nil {
 				return nil, err
 			}
 		}
 	}
 	return specs, nil
-}
-
-func coldName(name string, zygote bool) string {
-	if zygote {
-		return name
-	}
-	return name + "-cold"
-}
-
-// findCheckout finds the fiberd checkout whose examples -dev runs: the
-// working directory or one above it, else the executable's directory or one
-// above it (a binary built into the checkout's bin/).
-func findCheckout() (string, error) {
-	var starts []string
-	if wd, err := os.Getwd(); err == nil {
-		starts = append(starts, wd)
-	}
-	if exe, err := os.Executable(); err == nil {
-		starts = append(starts, filepath.Dir(exe))
-	}
-	for _, dir := range starts {
-		for {
-			if isCheckout(dir) {
-				return dir, nil
-			}
-			parent := filepath.Dir(dir)
-			if parent == dir {
-				break
-			}
-			dir = parent
-		}
-	}
-	return "", errors.New("cannot find the example templates (examples/templates and sdk/zygote): run fiberd -dev inside the fiberd checkout, or pass -templates DIR")
-}
-
-func isCheckout(dir string) bool {
-	for _, p := range []string{"examples/templates/c/counter.c", "examples/templates/python/counter.py", "sdk/zygote/c/build.sh"} {
-		if _, err := os.Stat(filepath.Join(dir, p)); err != nil {
-			return false
-		}
-	}
-	return true
-}
-
-// buildCounterC compiles the C counter with the SDK's build script into
-// out, unless the binary is newer than every source.
-func buildCounterC(root, out string) (string, error) {
-	cc := os.Getenv("CC")
-	if cc == "" {
-		cc = "cc"
-	}
-	if _, err := exec.LookPath(cc); err != nil {
-		return "", fmt.Errorf("no C compiler (%s) found: %w", cc, err)
-	}
-	bin := filepath.Join(out, "counter")
-	sources := []string{
-		filepath.Join(root, "examples", "templates", "c", "counter.c"),
-		filepath.Join(root, "sdk", "zygote", "c", "fiberzygote.c"),
-		filepath.Join(root, "sdk", "zygote", "c", "fiberzygote.h"),
-	}
-	if upToDate(bin, sources) {
-		return bin, nil
-	}
-	cmd := exec.Command("sh", filepath.Join(root, "sdk", "zygote", "c", "build.sh"), out, sources[0])
-	if b, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("building %s: %v: %s", sources[0], err, bytes.TrimSpace(b))
-	}
-	return bin, nil
-}
-
-func upToDate(bin string, sources []string) bool {
-	bi, err := os.Stat(bin)
-	if err != nil {
-		return false
-	}
-	for _, s := range sources {
-		si, err := os.Stat(s)
-		if err != nil || si.ModTime().After(bi.ModTime()) {
-			return false
-		}
-	}
-	return true
-}
-
-// pythonInterpreter is the absolute path of the python3 on PATH, resolved
-// through wrappers (pyenv shims) to the interpreter itself, since templates
-// run with a minimal PATH.
-func pythonInterpreter() (string, error) {
-	if _, err := exec.LookPath("python3"); err != nil {
-		return "", fmt.Errorf("no python3 found: %w", err)
-	}
-	b, err := exec.Command("python3", "-c", "import sys; print(sys.executable)").Output()
-	if err != nil {
-		return "", fmt.Errorf("python3 does not run: %w", err)
-	}
-	p := strings.TrimSpace(string(b))
-	if !filepath.IsAbs(p) {
-		return "", fmt.Errorf("python3 reports no absolute executable (%q)", p)
-	}
-	return p, nil
 }
 
 // mintDevGrants signs one grant per spec for audience nodeID, writes each as

@@ -40,6 +40,7 @@ type options struct {
 	state, runDir         string
 	nodeID                string
 	issuer, issuerKeys    string
+	issuerCAFile          string
 	jwksMaxStale          time.Duration
 	maxLease              time.Duration
 	grantsDir, templates  string
@@ -102,6 +103,7 @@ func parseFlags(args []string, env environ, usage io.Writer) (options, error) {
 	fs.StringVar(&o.nodeID, "node-id", "", "this home's node id, the audience of its grants (default the host name; the Pod name under -home kubernetes)")
 	fs.StringVar(&o.issuer, "issuer", "", "issuer URL grant tokens carry in iss; its keys are found by OIDC discovery unless -issuer-keys is given")
 	fs.StringVar(&o.issuerKeys, "issuer-keys", "", "local JWKS `FILE` of the issuer's public keys, verified offline (no discovery)")
+	fs.StringVar(&o.issuerCAFile, "issuer-ca-file", "", "PEM CA bundle the issuer's discovery and JWKS certificates must chain to (default -grant-ca-file, else the system roots)")
 	fs.DurationVar(&o.jwksMaxStale, "jwks-max-stale", grant.DefaultMaxStale, "how old the issuer's keys may grow before tokens are unverifiable (SHED)")
 	fs.DurationVar(&o.maxLease, "max-lease", 0, "refuse grants with a longer lease (0: any)")
 	fs.StringVar(&o.grantsDir, "grants-dir", "", "directory polled for *.jwt grant files (empty: grants arrive only inside Clone requests; under -dev <state>/grants)")
@@ -303,6 +305,9 @@ func (o *options) checkIssuer() error {
 	if o.issuerKeys != "" {
 		if !filepath.IsAbs(o.issuerKeys) {
 			return bad("issuer-keys", "%q is not an absolute path", o.issuerKeys)
+		}
+		if o.issuerCAFile != "" {
+			return bad("issuer-ca-file", "is for key discovery; -issuer-keys verifies offline and dials nothing")
 		}
 		return nil // verified offline: the issuer is only compared with iss
 	}

@@ -169,6 +169,7 @@ func TestParseFlagsRefusals(t *testing.T) {
 		{"issuer not https", []string{"-issuer", "http://issuer.example", "-templates", "/t", "-listen="}, testEnv, "-issuer"},
 		{"issuer not a URL", []string{"-issuer", "issuer", "-templates", "/t", "-listen="}, testEnv, "-issuer"},
 		{"relative issuer keys", sa("-issuer-keys", "keys.json"), testEnv, "-issuer-keys"},
+		{"issuer CA with offline keys", sa("-issuer-keys", "/k.json", "-issuer-ca-file", "/ca.pem"), testEnv, "-issuer-ca-file"},
 		{"no templates", []string{"-issuer", "https://i", "-listen="}, testEnv, "-templates"},
 		{"relative templates", []string{"-issuer", "https://i", "-templates", "t", "-listen="}, testEnv, "-templates"},
 		{"relative state", sa("-state", "var/fiberd"), testEnv, "-state"},

@@ -19,10 +19,13 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"net/http"
 	"os"
 	"os/signal"
 	"strconv"
@@ -141,7 +144,11 @@ func build(ctx context.Context, o options, log logr.Logger) (*fiberd.Agent, erro
 		log.Info("Verifying grants offline", "issuer", o.issuer, "keys", static.KeyIDs())
 		keys = static
 	} else {
-		c, err := grant.NewCache(o.issuer, grant.CacheOptions{MaxStale: o.jwksMaxStale, Logger: log})
+		httpClient, err := issuerClient(o)
+		if err != nil {
+			return nil, err
+		}
+		c, err := grant.NewCache(o.issuer, grant.CacheOptions{HTTPClient: httpClient, MaxStale: o.jwksMaxStale, Logger: log})
 		if err != nil {
 			return nil, fmt.Errorf("-issuer: %w", err)
 		}
@@ -254,4 +261,29 @@ func addrString(a *fiberd.Agent) string {
 		return addr.String()
 	}
 	return ""
+}
+
+// issuerClient is the HTTP client the key cache discovers the issuer's keys
+// with: its certificate must chain to -issuer-ca-file, else to
+// -grant-ca-file (in Kubernetes the controller is both the issuer and the
+// grant endpoint), else to the system roots (nil client).
+func issuerClient(o options) (*http.Client, error) {
+	flag, file := "issuer-ca-file", o.issuerCAFile
+	if file == "" {
+		flag, file = "grant-ca-file", o.grantCAFile
+	}
+	if file == "" {
+		return nil, nil
+	}
+	pem, err := os.ReadFile(file)
+	if err != nil {
+		return nil, fmt.Errorf("-%s: %w", flag, err)
+	}
+	roots := x509.NewCertPool()
+	if !roots.AppendCertsFromPEM(pem) {
+		return nil, fmt.Errorf("-%s: %s holds no PEM certificate: give the issuer's CA bundle", flag, file)
+	}
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.TLSClientConfig = &tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS12}
+	return &http.Client{Transport: tr, Timeout: grant.DefaultRequestTimeout}, nil
 }

@@ -620,10 +620,10 @@ func newRig(t *testing.T, o rigOpts) *rig {
 		"-grant-token-file=" + tokenFile,
 		"-grant-ca-file=" + r.pki.caFile,
 	}
-	// The downward API of grant-pod.yaml, and the SSL_CERT_FILE it sets for key discovery.
+	// The downward API of grant-pod.yaml. Key discovery trusts
+	// -grant-ca-file, as the issuer is the controller.
 	env := []string{
 		"POD_NAME=" + r.pod.Name, "POD_NAMESPACE=" + r.pod.Namespace, "POD_UID=" + string(r.pod.UID),
-		"SSL_CERT_FILE=" + r.pki.caFile,
 	}
 	r.fiberd = start(t, dir, "fiberd", env, bin(t, "fiberd"), args...)
 	if o.beforeServe != nil {
