@@ -7,7 +7,11 @@ FUZZTIME ?= 10s
 FIBERD_KUBE_CACHE ?= $(HOME)/.cache/fiberd/kube
 export FIBERD_KUBE_CACHE
 
-.PHONY: help build test vet fuzz ci kube-tools test-integration clean
+# Build tags of the suites that need a real API server.
+TAGGED := -tags integration
+E2E_TAGS := -tags e2e
+
+.PHONY: help build test vet fuzz ci kube-tools test-integration e2e
 
 help: ## List the targets.
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -19,8 +23,11 @@ build: ## Build every command into ./bin.
 test: ## Unit tests with the race detector.
 	$(GO) test -race -count=1 ./...
 
-vet: ## go vet and gofmt.
+vet: ## go vet (every build tag) and gofmt.
 	$(GO) vet ./...
+	$(GO) vet -tags testhooks ./pkg/fiberd/... ./cmd/fiberd/...
+	$(GO) vet $(TAGGED) ./pkg/home/kubernetes/... ./test/...
+	$(GO) vet $(E2E_TAGS) ./test/e2e/...
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 
 fuzz: ## Run every fuzz target for FUZZTIME each.
@@ -31,7 +38,16 @@ fuzz: ## Run every fuzz target for FUZZTIME each.
 	  done; \
 	done
 
-ci: vet build test fuzz ## What .ci/run runs.
+kube-tools: ## Build kube-apiserver, kubectl and etcd into $(FIBERD_KUBE_CACHE)/bin (a no-op when current).
+	hack/kube-tools.sh "$(FIBERD_KUBE_CACHE)"
+
+test-integration: kube-tools ## The Kubernetes home and harness on a real kube-apiserver + etcd; never skips.
+	FIBERD_KUBE_REQUIRED=1 $(GO) test -race -count=1 $(TAGGED) ./pkg/home/kubernetes/... ./test/kubeapi/...
+
+e2e: kube-tools ## A grant Pod end to end: real API server, grant-issuer, fiberd -home kubernetes.
+	FIBERD_KUBE_REQUIRED=1 $(GO) test -count=1 -timeout 20m $(E2E_TAGS) ./test/e2e/...
+
+ci: vet build test fuzz test-integration e2e ## What .ci/run runs: everything, nothing skipped.
 
 .PHONY: demo
 demo: ## Start fiberd -dev, clone warm and cold fibers, print their times, stop it.

@@ -93,6 +93,7 @@ func run(ctx context.Context, args []string, env environ, stdout, stderr io.Writ
 	klog.InitFlags(&kfs)
 	_ = kfs.Set("v", strconv.Itoa(o.verbosity))
 	log := klog.Background()
+	becomeSubreaper(log)
 
 	var dev *devSetup
 	if o.dev {

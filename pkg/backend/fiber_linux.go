@@ -17,6 +17,10 @@ type fiber struct {
 	fence core.Fence
 	pid   int
 	leaf  string // "" = none: the fiber is killed by process group
+	// pidfd refers to the fiber's main process; -1 when none. Only Proc
+	// sets it (see reapOrphans), so it can reap a fiber its zygote left
+	// behind; whoever ends the fiber's record closes it.
+	pidfd int
 
 	killed atomic.Bool   // set by Kill or Stop before the kill is sent
 	silent atomic.Bool   // a fiber whose Clone was abandoned: no Exit
@@ -24,7 +28,7 @@ type fiber struct {
 }
 
 func newFiber(fence core.Fence, pid int, leaf string) *fiber {
-	return &fiber{fence: fence, pid: pid, leaf: leaf, done: make(chan struct{})}
+	return &fiber{fence: fence, pid: pid, leaf: leaf, pidfd: -1, done: make(chan struct{})}
 }
 
 // signal ends the fiber's processes now: cgroup.kill on its leaf, or SIGKILL

@@ -384,21 +384,31 @@ func (z *zygote) handle(m message) {
 		}
 		z.mu.Unlock()
 	case msgCloned:
+		// The pidfd lets wait reap the fiber should the zygote die first
+		// (see reapOrphans). z.proc was set before this reader started.
+		pidfd, perr := fiberPidfd(m.pid, z.proc.Pid)
 		z.mu.Lock()
 		pc := z.pending[m.fence]
 		if pc == nil {
 			z.mu.Unlock()
+			if pidfd >= 0 {
+				_ = unix.Close(pidfd)
+			}
 			p.log.Info("Zygote reported a fiber nobody asked for; ignored", "grant", z.uid, "fence", m.fence, "pid", m.pid)
 			return
 		}
 		delete(z.pending, m.fence)
 		f := newFiber(pc.fence, m.pid, pc.leaf)
+		f.pidfd = pidfd
 		z.fibers[m.fence] = f
 		if pc.abandoned {
 			f.silent.Store(true)
 			f.killed.Store(true)
 		}
 		z.mu.Unlock()
+		if perr != nil {
+			p.log.V(1).Info("Fiber not tracked for reaping: it would stay a zombie of fiberd if its zygote died first", "fence", m.fence, "pid", m.pid, "err", perr.Error())
+		}
 		if pc.abandoned {
 			p.log.Info("Fiber arrived after its Clone gave up; killing it", "fence", m.fence, "pid", m.pid)
 			p.wg.Add(1)
@@ -428,14 +438,16 @@ func (z *zygote) handle(m message) {
 			p.log.Info("Zygote reported the exit of an unknown fiber; ignored", "grant", z.uid, "fence", m.fence)
 			return
 		}
+		f.closePidfd() // the zygote reaped it
 		p.wg.Add(1)
 		go func() { defer p.wg.Done(); p.finish(f, m.exit) }()
 	}
 }
 
 // wait reaps the zygote and tears everything down: the grant goes cold,
-// pending clones fail, fibers are killed and their leaves removed, the
-// zygote's leaf removed, the log closed.
+// pending clones fail, fibers are killed, reaped when they were left to
+// fiberd (reapOrphans) and their leaves removed, the zygote's leaf removed,
+// the log closed.
 func (z *zygote) wait() {
 	p := z.p
 	_ = z.cmd.Wait()
@@ -464,6 +476,7 @@ func (z *zygote) wait() {
 	}
 	ctx, cancel = clockTimeout(context.Background(), p.cfg.Clock, p.cfg.KillTimeout)
 	var fw sync.WaitGroup
+	list := make([]*fiber, 0, len(fibers))
 	for _, f := range fibers {
 		if stopping {
 			f.killed.Store(true)
@@ -471,9 +484,13 @@ func (z *zygote) wait() {
 		if err := f.signal(ctx); err != nil {
 			p.log.Error(err, "Fiber of a dead zygote not killed", "fence", f.fence.String())
 		}
+		list = append(list, f)
+	}
+	// The zygote is reaped, so its fibers have their last parent by now.
+	p.reapOrphans(ctx, list, func(f *fiber) {
 		fw.Add(1)
 		go func() { defer fw.Done(); p.finish(f, ExitReason{TemplateDied: !stopping}) }()
-	}
+	})
 	fw.Wait()
 	if z.leaf != "" {
 		l := cgroup.At(z.leaf)

@@ -45,7 +45,13 @@ func inSubreaper(t *testing.T) bool {
 	if err != nil || !strings.Contains(string(out), "--- PASS: "+t.Name()) {
 		t.Fatalf("%s as a child subreaper: %v\n%s", t.Name(), err, out)
 	}
-	t.Logf("%s passed as a child subreaper", t.Name())
+	var summary []string
+	for _, l := range strings.Split(string(out), "\n") {
+		if strings.Contains(l, "--- ") {
+			summary = append(summary, strings.TrimSpace(l))
+		}
+	}
+	t.Logf("as a child subreaper: %s", strings.Join(summary, "; "))
 	return false
 }
 

@@ -30,7 +30,7 @@ func (h *Home) EndpointHost() string {
 	if h.cfg.Family == endpoint.Unix {
 		return ""
 	}
-	if p := h.storedPod(); false && p != nil {
+	if p := h.storedPod(); p != nil {
 		if ip := podIP(p, h.cfg.Family); ip != "" {
 			return ip
 		}

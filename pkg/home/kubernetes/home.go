@@ -176,6 +176,9 @@ func (h *Home) firstFetch(ctx context.Context) error {
 }
 
 func (h *Home) setOwnGrant(token []byte, c tokenClaims) {
+	if c.UID != h.cfg.PodUID {
+		h.log.Info("The Pod's grant carries another UID than the Pod's; it is admitted on the Pod UID only if the agent accepts it", "jti", c.UID, "podUID", h.cfg.PodUID)
+	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.ownGrant = slices.Clone(token)
@@ -259,8 +262,9 @@ func (h *Home) Run(ctx context.Context) {
 	h.running = true
 	h.mu.Unlock()
 
-	stop := context.AfterFunc(ctx, h.cancelWait)
-	defer stop()
+	// The end of ctx cuts an EndpointHost wait short at once, not only
+	// once everything below has stopped.
+	context.AfterFunc(ctx, h.cancelWait)
 	var wg sync.WaitGroup
 	wg.Go(func() { h.pollLoop(ctx) })
 	wg.Go(func() { h.deliverLoop(ctx) })
@@ -268,6 +272,7 @@ func (h *Home) Run(ctx context.Context) {
 		wg.Go(func() { h.renewLoop(ctx) })
 	}
 	wg.Wait()
+	h.cancelWait()
 	if h.fetch != nil {
 		h.fetch.transport.CloseIdleConnections()
 	}

@@ -131,13 +131,29 @@ func TestEndpointHostByFamily(t *testing.T) {
 				tt.pod(p)
 			}
 			k.SetPod(p)
-			if got := h.EndpointHost(); got != tt.want {
+			if got := endpointHost(t, h); got != tt.want {
 				t.Fatalf("EndpointHost() = %q, want %q", got, tt.want)
 			}
 			if tt.family == endpoint.Unix && k.Calls(fake.GetPod) != 0 {
 				t.Fatal("the unix family read the Pod")
 			}
 		})
+	}
+}
+
+// endpointHost is h.EndpointHost, cut short by Close if it does not answer
+// within 10 s, since the fake clock never moves by itself.
+func endpointHost(t *testing.T, h *kubernetes.Home) string {
+	t.Helper()
+	got := make(chan string, 1)
+	go func() { got <- h.EndpointHost() }()
+	select {
+	case ip := <-got:
+		return ip
+	case <-time.After(10 * time.Second):
+		h.Close()
+		t.Errorf("EndpointHost did not answer; closed the home")
+		return <-got
 	}
 }
 
@@ -149,7 +165,7 @@ func TestEndpointHostConsultsTheStoredPodFirst(t *testing.T) {
 	eventually(t, "the Pod stored", func() bool { return len(h.Scope()) > 3 })
 	k.Fail(fake.GetPod, errors.New("down"))
 	reads := k.Calls(fake.GetPod)
-	if got := h.EndpointHost(); got != "10.0.0.7" {
+	if got := endpointHost(t, h); got != "10.0.0.7" {
 		t.Fatalf("EndpointHost() = %q, want the stored Pod's 10.0.0.7", got)
 	}
 	if k.Calls(fake.GetPod) != reads {
@@ -278,7 +294,7 @@ func TestNewContextIsNotTheLifetime(t *testing.T) {
 	rounds(t, k, 1)
 	tick(t, clk, 15*time.Second)
 	rounds(t, k, 2)
-	if h.EndpointHost() == "" {
+	if endpointHost(t, h) == "" {
 		t.Fatal("EndpointHost gave up because New's context ended")
 	}
 }

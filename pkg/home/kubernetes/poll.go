@@ -46,6 +46,7 @@ func (h *Home) round(ctx context.Context) {
 	if h.isPaused() {
 		return
 	}
+	now := h.clk.Now() // the round's time, for the claims' count
 	ctx, cancel := context.WithTimeout(ctx, h.cfg.Poll)
 	defer cancel()
 
@@ -91,7 +92,7 @@ func (h *Home) round(ctx context.Context) {
 	}
 
 	if stored := h.storedPod(); lives && stored != nil {
-		h.checkClaims(ctx, podClaims(stored))
+		h.checkClaims(ctx, now, podClaims(stored))
 	}
 
 	if h.cfg.Cache != nil {
@@ -102,7 +103,7 @@ func (h *Home) round(ctx context.Context) {
 
 // checkClaims reads each claim the live Pod uses. A claim gone or being
 // deleted loses the scope; claims unreadable for StaleTTL in a row do too.
-func (h *Home) checkClaims(ctx context.Context, names []string) {
+func (h *Home) checkClaims(ctx context.Context, now time.Time, names []string) {
 	var failed error
 	for _, name := range names {
 		c, err := h.kube.GetResourceClaim(ctx, h.cfg.PodNamespace, name)
@@ -116,7 +117,6 @@ func (h *Home) checkClaims(ctx context.Context, names []string) {
 		}
 	}
 	h.noteErr("resource claims", failed)
-	now := h.clk.Now()
 	h.mu.Lock()
 	if failed == nil {
 		h.claimsFailingSince = time.Time{}

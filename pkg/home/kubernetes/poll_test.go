@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -261,40 +262,62 @@ func TestScopeLostGeneratedClaimDeleted(t *testing.T) {
 func TestScopeLostClaimsUnreadableForStaleTTL(t *testing.T) {
 	for _, tt := range []struct {
 		name string
-		fail func(k *fake.Kube)
-		mend func(k *fake.Kube)
+		err  error
 	}{
-		{"no resource.k8s.io", func(k *fake.Kube) { k.SetNoResourceClaims(true) }, func(k *fake.Kube) { k.SetNoResourceClaims(false) }},
-		{"read errors", func(k *fake.Kube) { k.Fail(fake.GetResourceClaim, errors.New("etcd timeout")) }, func(k *fake.Kube) { k.Fail(fake.GetResourceClaim, nil) }},
+		{"no resource.k8s.io", kubernetes.ErrNoResourceClaims},
+		{"read errors", errors.New("etcd timeout")},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			h, k, clk := newHome(t, func(c *kubernetes.Config) { c.StaleTTL = 10 * time.Second; c.Poll = 2 * time.Second })
 			k.SetPod(withClaim(newPod(), "gpu"))
 			k.SetResourceClaim(newClaim("gpu"))
-			tt.fail(k)
+			var broken atomic.Bool
+			decided := make(chan struct{}, 16)
+			k.Intercept(fake.GetResourceClaim, func(context.Context, string, string) error {
+				defer func() { decided <- struct{}{} }()
+				if broken.Load() {
+					return tt.err
+				}
+				return nil
+			})
 			var lost scopeLosses
 			h.OnScopeLost(lost.fn)
+			// round waits for round i to read its claim, sets whether the
+			// next round's read fails, and moves the clock on to it.
+			wait := func(i int) {
+				t.Helper()
+				select {
+				case <-decided:
+				case <-time.After(10 * time.Second):
+					t.Fatalf("round %d read no claim", i)
+				}
+				rounds(t, k, i)
+			}
+			round := func(i int, nextUnreadable bool) {
+				t.Helper()
+				wait(i)
+				broken.Store(nextUnreadable)
+				tick(t, clk, 2*time.Second)
+			}
+			broken.Store(true)
 			run(t, h)
-			// Unreadable for 8s, then readable: no loss, and the count
-			// starts over.
+			// Unreadable at 0, 2, 4, 6 and 8s, readable at 10s: no loss,
+			// and the count starts over.
 			for i := 1; i <= 4; i++ {
-				rounds(t, k, i)
-				tick(t, clk, 2*time.Second)
+				round(i, true)
 			}
-			rounds(t, k, 5)
-			tt.mend(k)
-			tick(t, clk, 2*time.Second)
-			rounds(t, k, 6)
-			tt.fail(k)
-			for i := 7; i <= 11; i++ { // unreadable from round 7 on, 8s to round 11
-				tick(t, clk, 2*time.Second)
-				rounds(t, k, i)
+			round(5, false)
+			round(6, true)
+			// Unreadable from 12s on: at 20s, 8s later, still no loss.
+			for i := 7; i <= 10; i++ {
+				round(i, true)
 			}
+			wait(11)
 			settle()
 			if got := lost.get(); len(got) != 0 {
 				t.Fatalf("scope lost %q with the claims unreadable for less than the TTL", got)
 			}
-			tick(t, clk, 2*time.Second) // 10s unreadable
+			tick(t, clk, 2*time.Second) // round 12 at 22s: 10s unreadable
 			eventually(t, "claims unreadable", func() bool { return lost.count("resource claims unreadable") == 1 })
 		})
 	}

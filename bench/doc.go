@@ -1,0 +1,45 @@
+// Command bench measures fiberd against the alternatives, side by side on
+// one machine, in one run, and writes what it measured as a JSON result
+// file, a Markdown table and PNG plots.
+//
+// Usage (from the checkout):
+//
+//	go run ./bench -out docs/bench -doc docs/benchmarks.md    # the full run
+//	go run ./bench -quick -out /tmp/bench                     # a smoke run, about a minute
+//	go run ./bench -skip-kube ...                             # without kube-apiserver and etcd
+//
+// What it measures, through the real agent (pkg/fiberd in this process,
+// with the standalone home, called over its unix socket with pkg/client):
+//
+//   - clone to first HTTP byte: Clone, dial the fiber's endpoint, send GET,
+//     read one byte; for warm C, warm Python (zygote templates, tier WARM)
+//     and exec C (cold start, tier BASIC); and, on a real kube-apiserver,
+//     "a Pod per worker" as the cluster would start it without a kubelet:
+//     create the Pod, write its status (phase Running, podIP) as the kubelet
+//     would, and GET it until Running with an IP is seen. p50, p90, p99 and
+//     each one's ratio to warm C's;
+//   - a burst of 50 concurrent clones, and a closed loop at 1, 2, 4 and 16
+//     callers (clone, first byte, release) in clones per second;
+//   - density: the summed Pss of /proc/<pid>/smaps_rollup of N fibers and
+//     their zygote against N independent processes (cold exec) of the same
+//     template;
+//   - API server load: apiserver_request_total read from the API server's
+//     /metrics before and after N clones through an agent whose home is the
+//     Kubernetes home of a grant Pod on that API server, and over an idle
+//     window, which gives the home's requests per poll period;
+//   - the Kubernetes home's timings: the grant fetch at start (from a small
+//     https issuer run in this process, serving /v1/grant after a
+//     TokenReview), the readiness patch after warm, and scope loss detection
+//     (the Pod deleted until OnScopeLost fires).
+//
+// Progress goes to stderr: a line per phase and a counter. The templates
+// are the checkout's examples (examples/templates), built and specified as
+// fiberd -dev does (internal/devkit). kube-apiserver and etcd come from
+// ${FIBERD_KUBE_CACHE:-$HOME/.cache/fiberd/kube}/bin (hack/kube-tools.sh)
+// and are run by hack/kube-up.sh; when they are missing bench stops unless
+// -skip-kube is given, which marks those rows "not measured".
+//
+// The program reads the wall clock: timing is what it is for. Its pure
+// parts (percentiles, tables, the smaps and metrics parsers) are tested by
+// go test ./bench.
+package main

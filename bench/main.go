@@ -1,0 +1,408 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/go-logr/logr/funcr"
+
+	"fiberd.io/fiberd/pkg/core"
+)
+
+// Modes of the latency table.
+const (
+	modeWarmC  = "fiberd warm C"
+	modeWarmPy = "fiberd warm Python"
+	modeExecC  = "fiberd exec C (cold)"
+	modePod    = "Pod per worker"
+)
+
+// options are the flags.
+type options struct {
+	n, coldN      int
+	initMs        int
+	burst, rounds int
+	loop          time.Duration
+	densityN      int
+	holdMiB       int
+	dirtyMiB      int
+	kubePoll      time.Duration
+	kubeRounds    int
+	metricClones  int
+	endpoint      string
+	out           string
+	doc           string
+	plotDir       string
+	skipKube      bool
+	quick         bool
+	verbose       bool
+	noPlot        bool
+}
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	os.Exit(run(ctx, os.Args[1:], os.Stderr))
+}
+
+func parseFlags(args []string, stderr io.Writer) (options, error) {
+	var o options
+	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.IntVar(&o.n, "n", 300, "samples per mode of clone-to-first-byte (warm and Pod per worker)")
+	fs.IntVar(&o.coldN, "n-cold", 0, "samples of the cold exec mode (each pays -init-ms); 0 means min(n, 60)")
+	fs.IntVar(&o.initMs, "init-ms", 200, "the templates' --init-ms: what warm pays once and cold per fiber")
+	fs.IntVar(&o.burst, "burst", 50, "clones in one burst")
+	fs.IntVar(&o.rounds, "burst-rounds", 5, "bursts per mode")
+	fs.DurationVar(&o.loop, "loop", 5*time.Second, "how long each closed-loop point runs")
+	fs.IntVar(&o.densityN, "density-n", 50, "fibers (and processes) in the density comparison")
+	fs.IntVar(&o.holdMiB, "hold-mib", 16, "MiB the C template allocates and touches at init in the density comparison")
+	fs.IntVar(&o.dirtyMiB, "dirty-mib", 1, "MiB each C fiber writes of its own in the density comparison")
+	fs.DurationVar(&o.kubePoll, "kube-poll", time.Second, "the Kubernetes home's poll period (production default 15s)")
+	fs.IntVar(&o.kubeRounds, "kube-rounds", 5, "grant Pods started for the Kubernetes home timings")
+	fs.IntVar(&o.metricClones, "metric-clones", 200, "clones counted against apiserver_request_total")
+	fs.StringVar(&o.endpoint, "endpoint", "unix", "the fibers' endpoint family: unix or inet4")
+	fs.StringVar(&o.out, "out", "bench-out", "directory for results.json, results.md, the plots and bench.log")
+	fs.StringVar(&o.doc, "doc", "", "a Markdown file whose section between <!-- bench:begin --> and <!-- bench:end --> is replaced with the table")
+	fs.StringVar(&o.plotDir, "plot-link", "", "the path the plots are linked under in the table (default: -out relative to -doc's directory, else -out)")
+	fs.BoolVar(&o.skipKube, "skip-kube", false, "measure without kube-apiserver and etcd; their rows say \"not measured\"")
+	fs.BoolVar(&o.quick, "quick", false, "a fast smoke run: few samples, short loops, small bursts")
+	fs.BoolVar(&o.verbose, "v", false, "log fiberd's and the home's lines to stderr (default: -out/bench.log)")
+	fs.BoolVar(&o.noPlot, "no-plot", false, "write no PNG plots")
+	if err := fs.Parse(args); err != nil {
+		return o, err
+	}
+	if fs.NArg() > 0 {
+		return o, fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	if o.quick {
+		o.n, o.coldN, o.burst, o.rounds, o.loop = 30, 5, 10, 1, time.Second
+		o.densityN, o.kubeRounds, o.metricClones = 8, 1, 20
+	}
+	if o.coldN <= 0 {
+		o.coldN = min(o.n, 60)
+	}
+	if o.n < 1 || o.burst < 1 || o.rounds < 1 || o.densityN < 1 || o.kubeRounds < 1 || o.metricClones < 1 || o.loop <= 0 || o.kubePoll <= 0 {
+		return o, errors.New("-n, -burst, -burst-rounds, -density-n, -kube-rounds, -metric-clones, -loop and -kube-poll must be positive")
+	}
+	if o.endpoint != "unix" && o.endpoint != "inet4" {
+		return o, fmt.Errorf("-endpoint %q: want unix or inet4", o.endpoint)
+	}
+	return o, nil
+}
+
+func run(ctx context.Context, args []string, stderr io.Writer) int {
+	o, err := parseFlags(args, stderr)
+	if errors.Is(err, flag.ErrHelp) {
+		return 0
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "bench: %v\n", err)
+		return 2
+	}
+	if err := os.MkdirAll(o.out, 0o755); err != nil {
+		fmt.Fprintf(stderr, "bench: -out: %v\n", err)
+		return 1
+	}
+	p := newProgress(stderr)
+	log, closeLog, err := openLog(o, stderr)
+	if err != nil {
+		fmt.Fprintf(stderr, "bench: %v\n", err)
+		return 1
+	}
+	defer closeLog()
+
+	started := time.Now()
+	res := Result{Command: "go run ./bench " + strings.Join(args, " "), Started: started, Quick: o.quick}
+	res.Settings = Settings{N: o.n, ColdN: o.coldN, InitMs: o.initMs, BurstSize: o.burst, BurstRounds: o.rounds,
+		LoopSeconds: o.loop.Seconds(), Concurrency: []int{1, 2, 4, 16}, DensityN: o.densityN, HoldMiB: o.holdMiB,
+		DirtyMiB: o.dirtyMiB, KubePoll: o.kubePoll.String(), KubeRounds: o.kubeRounds, MetricClones: o.metricClones,
+		Endpoint: o.endpoint}
+	res.Machine = readMachine()
+	if res.Machine.LoadPerCPU > 0.5 {
+		res.Warnings = append(res.Warnings, fmt.Sprintf("the machine was busy at the start (load average %s on %d CPUs): expect noisy tails", res.Machine.LoadStart, res.Machine.NProc))
+	}
+	p.Phasef("machine: %d CPUs, %d MiB, kernel %s, load %s", res.Machine.NProc, res.Machine.MemTotalMiB, res.Machine.Kernel, res.Machine.LoadStart)
+
+	kube, kerr := findKubeTools()
+	if kerr != nil {
+		if !o.skipKube {
+			fmt.Fprintf(stderr, "bench: %v\nbench: pass -skip-kube to measure without the API server (those rows will read %q)\n", kerr, notMeasured)
+			return 1
+		}
+		banner(stderr, fmt.Sprintf("-skip-kube: %v. The Pod-per-worker, API server and Kubernetes home rows are NOT MEASURED.", kerr))
+		res.Warnings = append(res.Warnings, "kube-apiserver and etcd were not found: the Pod-per-worker, API server and Kubernetes home rows were not measured ("+kerr.Error()+")")
+	} else if o.skipKube {
+		banner(stderr, "-skip-kube: the Pod-per-worker, API server and Kubernetes home rows are NOT MEASURED.")
+		res.Warnings = append(res.Warnings, "run with -skip-kube: the Pod-per-worker, API server and Kubernetes home rows were not measured")
+		kube = nil
+	}
+
+	err = measure(ctx, o, p, log, kube, &res)
+	res.Machine.LoadEnd = loadAvg()
+	res.Seconds = time.Since(started).Seconds()
+	if err != nil {
+		fmt.Fprintf(stderr, "bench: %v\n", err)
+		if ctx.Err() != nil {
+			return 1
+		}
+		res.Warnings = append(res.Warnings, "the run failed part-way: "+err.Error())
+	}
+	if werr := writeOutputs(o, p, &res); werr != nil {
+		fmt.Fprintf(stderr, "bench: %v\n", werr)
+		return 1
+	}
+	if err != nil {
+		return 1
+	}
+	return 0
+}
+
+// measure runs every phase into res.
+func measure(ctx context.Context, o options, p *progress, log logr.Logger, kube *kubeTools, res *Result) error {
+	work, err := os.MkdirTemp("", "fiberd-bench-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(work)
+
+	p.Phasef("preparing the example templates (internal/devkit, as fiberd -dev)")
+	tpl, err := prepareTemplates(work, o)
+	if err != nil {
+		return err
+	}
+	res.Machine.CC, res.Machine.Python = tpl.ccVersion, tpl.pyVersion
+
+	p.Phasef("starting fiberd in-process (standalone home, %s endpoints) and warming %d zygotes", o.endpoint, tpl.warmCount())
+	ag, err := startAgent(ctx, filepath.Join(work, "standalone"), tpl, o, log)
+	if err != nil {
+		return err
+	}
+	defer ag.stop()
+
+	latency := map[string]LatencyRow{}
+	for _, m := range []struct {
+		mode, tmpl string
+		n          int
+	}{{modeWarmC, tplWarmC, o.n}, {modeWarmPy, tplWarmPy, o.n}, {modeExecC, tplColdC, o.coldN}} {
+		row := LatencyRow{Mode: m.mode, What: "Clone over the agent's socket, dial, GET, first byte"}
+		uid, ok := ag.uids[m.tmpl]
+		if !ok {
+			row.Note = tpl.missing[m.tmpl]
+			latency[m.mode] = row
+			continue
+		}
+		p.Phasef("clone to first byte: %s (%d samples)", m.mode, m.n)
+		samples, err := ag.latency(ctx, uid, m.n, p.Counter(m.n))
+		if err != nil {
+			return fmt.Errorf("%s: %w", m.mode, err)
+		}
+		row.Measured, row.SamplesMs, row.Summary = true, samples, Summarize(samples)
+		latency[m.mode] = row
+	}
+
+	podRow := LatencyRow{Mode: modePod, What: "create Pod, write status (Running, podIP), GET until seen", Note: "kube-apiserver not run"}
+	var kc *kubeCluster
+	if kube != nil {
+		p.Phasef("starting kube-apiserver and etcd (hack/kube-up.sh)")
+		kc, err = kube.start(ctx)
+		if err != nil {
+			return err
+		}
+		defer kc.close()
+		res.Machine.KubeAPI = kc.version
+		p.Phasef("Pod per worker on the API server (%d samples)", o.n)
+		samples, err := kc.podPerWorker(ctx, o.n, p.Counter(o.n))
+		if err != nil {
+			return fmt.Errorf("pod per worker: %w", err)
+		}
+		podRow.Measured, podRow.SamplesMs, podRow.Summary, podRow.Note = true, samples, Summarize(samples), "API server only: no scheduler, kubelet, image or sandbox"
+	}
+	latency[modePod] = podRow
+	res.Latency = latencyRows(latency)
+
+	for _, m := range []struct{ mode, tmpl string }{{modeWarmC, tplWarmC}, {modeWarmPy, tplWarmPy}, {modeExecC, tplColdC}} {
+		row := BurstRow{Mode: m.mode, Size: o.burst, Rounds: o.rounds}
+		uid, ok := ag.uids[m.tmpl]
+		if !ok {
+			row.Note = tpl.missing[m.tmpl]
+			res.Burst = append(res.Burst, row)
+			continue
+		}
+		p.Phasef("burst of %d: %s (%d rounds)", o.burst, m.mode, o.rounds)
+		row, err = ag.burst(ctx, uid, m.mode, o.burst, o.rounds, p.Counter(o.rounds))
+		if err != nil {
+			return fmt.Errorf("burst %s: %w", m.mode, err)
+		}
+		res.Burst = append(res.Burst, row)
+	}
+
+	for _, m := range []struct{ mode, tmpl string }{{modeWarmC, tplWarmC}, {modeWarmPy, tplWarmPy}, {modeExecC, tplColdC}} {
+		for _, c := range res.Settings.Concurrency {
+			uid, ok := ag.uids[m.tmpl]
+			if !ok {
+				res.Loop = append(res.Loop, LoopRow{Mode: m.mode, Concurrency: c, Note: tpl.missing[m.tmpl]})
+				continue
+			}
+			p.Phasef("closed loop: %s, %d callers, %s", m.mode, c, o.loop)
+			row, err := ag.loop(ctx, uid, m.mode, c, o.loop, p.Ticker())
+			if err != nil {
+				return fmt.Errorf("closed loop %s: %w", m.mode, err)
+			}
+			res.Loop = append(res.Loop, row)
+		}
+	}
+
+	for _, d := range []struct{ name, warm, cold string }{
+		{fmt.Sprintf("counter C (--hold-mib %d --dirty-mib %d)", o.holdMiB, o.dirtyMiB), tplDenseC, tplDenseColdC},
+		{"counter Python", tplWarmPy, tplColdPy},
+	} {
+		row := DensityRow{Template: d.name, N: o.densityN}
+		wu, ok1 := ag.uids[d.warm]
+		cu, ok2 := ag.uids[d.cold]
+		if !ok1 || !ok2 {
+			row.Note = tpl.missing[d.warm] + tpl.missing[d.cold]
+			res.Density = append(res.Density, row)
+			continue
+		}
+		p.Phasef("density: %d fibers vs %d processes of %s", o.densityN, o.densityN, d.name)
+		row, err = ag.density(ctx, d.name, wu, cu, o.densityN, p.Counter(2*o.densityN))
+		if err != nil {
+			return fmt.Errorf("density %s: %w", d.name, err)
+		}
+		res.Density = append(res.Density, row)
+	}
+	ag.stop()
+
+	res.APIServer = APIServerResult{Note: "kube-apiserver not run", Poll: o.kubePoll.String()}
+	res.KubeHome = KubeHomeResult{Note: "kube-apiserver not run", Poll: o.kubePoll.String()}
+	if kc != nil {
+		if _, ok := tpl.specs[tplWarmC]; !ok {
+			return errors.New("the Kubernetes home phases need the C template: " + tpl.missing[tplWarmC])
+		}
+		if err := kc.kubeHome(ctx, work, tpl, o, p, log, res); err != nil {
+			return fmt.Errorf("kubernetes home: %w", err)
+		}
+	}
+	return nil
+}
+
+// latencyRows orders the rows and fills the ratios to warm C.
+func latencyRows(m map[string]LatencyRow) []LatencyRow {
+	base := m[modeWarmC]
+	var out []LatencyRow
+	for _, mode := range []string{modeWarmC, modeWarmPy, modeExecC, modePod} {
+		r := m[mode]
+		r.Mode = mode
+		if r.Measured && base.Measured {
+			r.RatioP50 = r.Summary.P50 / base.Summary.P50
+			r.RatioP90 = r.Summary.P90 / base.Summary.P90
+			r.RatioP99 = r.Summary.P99 / base.Summary.P99
+		}
+		out = append(out, r)
+	}
+	return out
+}
+
+// writeOutputs writes results.json, the plots, results.md and the -doc
+// section.
+func writeOutputs(o options, p *progress, res *Result) error {
+	link := o.plotDir
+	if link == "" {
+		link = o.out
+		if o.doc != "" {
+			if rel, err := filepath.Rel(filepath.Dir(o.doc), o.out); err == nil {
+				link = rel
+			}
+		}
+	}
+	if !o.noPlot {
+		p.Phasef("plotting into %s", o.out)
+		plots, err := writePlots(o.out, *res)
+		if err != nil {
+			return fmt.Errorf("plots: %w", err)
+		}
+		res.Plots = plots
+	} else {
+		link = ""
+	}
+	b, err := json.MarshalIndent(res, "", "  ")
+	if err != nil {
+		return err
+	}
+	if err := core.WriteFileAtomic(filepath.Join(o.out, "results.json"), append(b, '\n'), 0o644); err != nil {
+		return err
+	}
+	md := Markdown(*res, link)
+	if err := core.WriteFileAtomic(filepath.Join(o.out, "results.md"), []byte(md), 0o644); err != nil {
+		return err
+	}
+	if o.doc != "" {
+		doc, err := os.ReadFile(o.doc)
+		if err != nil {
+			return fmt.Errorf("-doc: %w", err)
+		}
+		nd, err := ReplaceSection(doc, md)
+		if err != nil {
+			return fmt.Errorf("-doc %s: %w", o.doc, err)
+		}
+		if err := core.WriteFileAtomic(o.doc, nd, 0o644); err != nil {
+			return err
+		}
+	}
+	p.Phasef("wrote %s and %s%s", filepath.Join(o.out, "results.json"), filepath.Join(o.out, "results.md"), map[bool]string{true: " and " + o.doc}[o.doc != ""])
+	fmt.Fprint(p.w, "\n"+md)
+	return nil
+}
+
+// Markers of the generated section of a -doc file.
+const (
+	sectionBegin = "<!-- bench:begin -->"
+	sectionEnd   = "<!-- bench:end -->"
+)
+
+// ReplaceSection puts body between the markers of doc, which must hold
+// each once, in order.
+func ReplaceSection(doc []byte, body string) ([]byte, error) {
+	s := string(doc)
+	i, j := strings.Index(s, sectionBegin), strings.Index(s, sectionEnd)
+	if i < 0 || j < i || strings.Count(s, sectionBegin) != 1 || strings.Count(s, sectionEnd) != 1 {
+		return nil, fmt.Errorf("want one %s and one %s after it", sectionBegin, sectionEnd)
+	}
+	return []byte(s[:i+len(sectionBegin)] + "\n" + strings.TrimRight(body, "\n") + "\n" + s[j:]), nil
+}
+
+func openLog(o options, stderr io.Writer) (logr.Logger, func(), error) {
+	var w io.Writer = stderr
+	closeFn := func() {}
+	if !o.verbose {
+		f, err := os.Create(filepath.Join(o.out, "bench.log"))
+		if err != nil {
+			return logr.Logger{}, nil, err
+		}
+		w, closeFn = f, func() { f.Close() }
+	}
+	var mu sync.Mutex
+	return funcr.New(func(prefix, args string) {
+		mu.Lock()
+		defer mu.Unlock()
+		fmt.Fprintln(w, time.Now().Format("15:04:05.000"), prefix, args)
+	}, funcr.Options{Verbosity: 1}), closeFn, nil
+}
+
+func banner(w io.Writer, msg string) {
+	line := strings.Repeat("!", 78)
+	fmt.Fprintf(w, "%s\n!! %s\n%s\n", line, msg, line)
+}

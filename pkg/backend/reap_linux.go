@@ -1,0 +1,163 @@
+package backend
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+
+	"golang.org/x/sys/unix"
+)
+
+// Reaping the fibers of an ended zygote.
+//
+// A fiber is the zygote's child. When the zygote ends, its fibers (killed
+// by then) are reparented to the nearest child subreaper above it, else to
+// the init of the pid namespace: fiberd in both of the cases that matter
+// (PID 1 of a grant Pod, or a host fiberd that marked itself a subreaper at
+// start-up). Nobody else will wait for them, so the proc backend does, but
+// only for the fibers it knows of, each by a pidfd opened when the zygote
+// reported it (CLONED). A pidfd names one process for good: waitid(P_PIDFD)
+// can neither reap a process that later got the same pid number, nor steal
+// the status of a child some os/exec waiter (a zygote's, an exec fiber's)
+// is waiting for, as waiting for any child (wait4(-1)) or for a bare pid
+// would. And a pidfd can be polled, so one goroutine waits for all of a
+// zygote's fibers at once, bounded by a context, instead of a thread per
+// fiber blocked in wait4.
+
+// reapPollMillis is how long one poll of the pidfds lasts before the
+// context is checked again.
+const reapPollMillis = 100
+
+// fiberPidfd opens a pidfd on the process a zygote reported as its fiber
+// and checks it is that process: a child of the zygote (or already of
+// fiberd, should the zygote have died meanwhile) that has not been reaped.
+// The check closes the window in which the fiber ended, was reaped by the
+// zygote and its pid was reused before the pidfd was opened: the pidfd's
+// process, alive (or a zombie) both when the pidfd was opened and after
+// /proc was read, is the one /proc described. It returns -1 and why when
+// the fiber is already gone or is not what the zygote said; the proc
+// backend calls it on CLONED.
+func fiberPidfd(pid, zygote int) (int, error) {
+	fd, err := unix.PidfdOpen(pid, 0) // always close-on-exec
+	if err != nil {
+		return -1, os.NewSyscallError("pidfd_open", err)
+	}
+	ppid, err := parentOf(pid)
+	if err == nil && ppid != zygote && ppid != os.Getpid() {
+		err = fmt.Errorf("process %d is a child of %d, not of the zygote %d", pid, ppid, zygote)
+	}
+	if err == nil {
+		// EPERM says it exists too (a zygote that changed user).
+		if serr := unix.PidfdSendSignal(fd, 0, nil, 0); serr != nil && !errors.Is(serr, unix.EPERM) {
+			err = os.NewSyscallError("pidfd_send_signal", serr)
+		}
+	}
+	if err != nil {
+		_ = unix.Close(fd)
+		return -1, err
+	}
+	return fd, nil
+}
+
+// parentOf reads a process's parent pid from /proc/<pid>/stat.
+func parentOf(pid int) (int, error) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return 0, err
+	}
+	// "pid (comm) state ppid ...": comm may hold spaces and parentheses.
+	i := bytes.LastIndexByte(b, ')')
+	f := bytes.Fields(b[i+1:])
+	if i < 0 || len(f) < 2 {
+		return 0, fmt.Errorf("/proc/%d/stat: malformed", pid)
+	}
+	return strconv.Atoi(string(f[1]))
+}
+
+// closePidfd closes the fiber's pidfd, if any. Only the one path that ends
+// the fiber's record calls it.
+func (f *fiber) closePidfd() {
+	if f.pidfd >= 0 {
+		_ = unix.Close(f.pidfd)
+		f.pidfd = -1
+	}
+}
+
+// reapOrphans is called by a dead zygote's teardown once its fibers have
+// been sent SIGKILL. For each fiber it waits until the fiber's main process
+// has ended and reaps it when it has become fiberd's child; one that is
+// not (ECHILD: the host's init has it, or the zygote reaped it before it
+// died) is left to its parent. It then closes the pidfd and calls ended,
+// in this goroutine, as soon as that fiber is done with, so each fiber's
+// Exit follows its own end. Fibers without a pidfd are ended at once. When
+// ctx ends first, the fibers still running are logged and ended without
+// being reaped.
+func (p *Proc) reapOrphans(ctx context.Context, fibers []*fiber, ended func(*fiber)) {
+	var left []*fiber
+	for _, f := range fibers {
+		if f.pidfd < 0 {
+			ended(f)
+			continue
+		}
+		left = append(left, f)
+	}
+	pfds := make([]unix.PollFd, 0, len(left))
+	for len(left) > 0 {
+		pfds = pfds[:0]
+		for _, f := range left {
+			pfds = append(pfds, unix.PollFd{Fd: int32(f.pidfd), Events: unix.POLLIN})
+		}
+		if _, err := unix.Poll(pfds, reapPollMillis); err != nil && !errors.Is(err, unix.EINTR) {
+			p.log.Error(os.NewSyscallError("poll", err), "Fibers of an ended zygote not reaped", "fibers", len(left))
+			for _, f := range left {
+				f.closePidfd()
+				ended(f)
+			}
+			return
+		}
+		next := left[:0]
+		for i, f := range left {
+			if pfds[i].Revents == 0 { // still running
+				next = append(next, f)
+				continue
+			}
+			p.reap(f)
+			f.closePidfd()
+			ended(f)
+		}
+		left = next
+		if len(left) > 0 && ctx.Err() != nil {
+			for _, f := range left {
+				p.log.Error(ctx.Err(), "Fiber of an ended zygote still running after SIGKILL; not reaped", "fence", f.fence.String(), "pid", f.pid)
+				f.closePidfd()
+				ended(f)
+			}
+			return
+		}
+	}
+}
+
+// reap waits, without blocking, for the ended process behind f.pidfd.
+func (p *Proc) reap(f *fiber) {
+	for {
+		var info unix.Siginfo
+		err := unix.Waitid(unix.P_PIDFD, f.pidfd, &info, unix.WEXITED|unix.WNOHANG, nil)
+		switch {
+		case errors.Is(err, unix.EINTR):
+			continue
+		case errors.Is(err, unix.ECHILD):
+			p.log.V(2).Info("Fiber of an ended zygote is not fiberd's child; left to its parent", "fence", f.fence.String(), "pid", f.pid)
+		case err != nil:
+			p.log.Error(os.NewSyscallError("waitid", err), "Fiber of an ended zygote not reaped", "fence", f.fence.String(), "pid", f.pid)
+		case info.Signo == 0:
+			// Linux leaves si_signo 0 when nothing was waitable.
+			p.log.V(1).Info("Fiber of an ended zygote ended but was not waitable; not reaped", "fence", f.fence.String(), "pid", f.pid)
+		default:
+			p.log.V(2).Info("Reaped a fiber of an ended zygote", "fence", f.fence.String(), "pid", f.pid)
+		}
+		return
+	}
+}
