@@ -251,7 +251,7 @@ func waitWarm(ctx context.Context, c *client.Client, want map[string]bool, limit
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("grants not admitted and warm in %s (status error: %v): see bench.log", limit, err)
+			return fmt.Errorf("grants not admitted and warm in %s (status error: %v): see the log file named at the start", limit, err)
 		case <-time.After(20 * time.Millisecond):
 		}
 	}

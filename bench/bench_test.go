@@ -139,7 +139,7 @@ func sampleResult() Result {
 	return Result{
 		Command: "go run ./bench -quick",
 		Latency: latencyRows(map[string]LatencyRow{
-			modeWarmC:  {Measured: true, Summary: warm},
+			modeWarmC:  {Measured: true, What: "Clone, dial, GET, first byte", Summary: warm},
 			modeWarmPy: {Measured: true, Summary: Summarize([]float64{4, 8, 12, 16})},
 			modeExecC:  {Measured: false, Note: "no cc"},
 			modePod:    {Measured: false, Note: "kube-apiserver not run"},

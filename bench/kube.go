@@ -485,7 +485,7 @@ func (kc *kubeCluster) homeRound(ctx context.Context, dir, ns, name, sa string, 
 	select {
 	case <-r.home.readyAt:
 	case <-time.After(2 * time.Minute):
-		return fail(errors.New("the template never became warm (see bench.log)"))
+		return fail(errors.New("the template never became warm (see the log file named at the start)"))
 	case <-ctx.Done():
 		return fail(ctx.Err())
 	}

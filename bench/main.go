@@ -74,12 +74,12 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.IntVar(&o.kubeRounds, "kube-rounds", 5, "grant Pods started for the Kubernetes home timings")
 	fs.IntVar(&o.metricClones, "metric-clones", 200, "clones counted against apiserver_request_total")
 	fs.StringVar(&o.endpoint, "endpoint", "unix", "the fibers' endpoint family: unix or inet4")
-	fs.StringVar(&o.out, "out", "bench-out", "directory for results.json, results.md, the plots and bench.log")
+	fs.StringVar(&o.out, "out", "bench-out", "directory for results.json, results.md and the plots")
 	fs.StringVar(&o.doc, "doc", "", "a Markdown file whose section between <!-- bench:begin --> and <!-- bench:end --> is replaced with the table")
 	fs.StringVar(&o.plotDir, "plot-link", "", "the path the plots are linked under in the table (default: -out relative to -doc's directory, else -out)")
 	fs.BoolVar(&o.skipKube, "skip-kube", false, "measure without kube-apiserver and etcd; their rows say \"not measured\"")
 	fs.BoolVar(&o.quick, "quick", false, "a fast smoke run: few samples, short loops, small bursts")
-	fs.BoolVar(&o.verbose, "v", false, "log fiberd's and the home's lines to stderr (default: -out/bench.log)")
+	fs.BoolVar(&o.verbose, "v", false, "log fiberd's and the home's lines to stderr (default: a file in $TMPDIR, named at the start)")
 	fs.BoolVar(&o.noPlot, "no-plot", false, "write no PNG plots")
 	if err := fs.Parse(args); err != nil {
 		return o, err
@@ -133,6 +133,9 @@ func run(ctx context.Context, args []string, stderr io.Writer) int {
 	res.Machine = readMachine()
 	if res.Machine.LoadPerCPU > 0.5 {
 		res.Warnings = append(res.Warnings, fmt.Sprintf("the machine was busy at the start (load average %s on %d CPUs): expect noisy tails", res.Machine.LoadStart, res.Machine.NProc))
+	}
+	if !o.verbose {
+		p.Phasef("fiberd's log lines go to %s", logPath(o))
 	}
 	p.Phasef("machine: %d CPUs, %d MiB, kernel %s, load %s", res.Machine.NProc, res.Machine.MemTotalMiB, res.Machine.Kernel, res.Machine.LoadStart)
 
@@ -388,7 +391,7 @@ func openLog(o options, stderr io.Writer) (logr.Logger, func(), error) {
 	var w io.Writer = stderr
 	closeFn := func() {}
 	if !o.verbose {
-		f, err := os.Create(filepath.Join(o.out, "bench.log"))
+		f, err := os.Create(logPath(o))
 		if err != nil {
 			return logr.Logger{}, nil, err
 		}
@@ -405,4 +408,10 @@ func openLog(o options, stderr io.Writer) (logr.Logger, func(), error) {
 func banner(w io.Writer, msg string) {
 	line := strings.Repeat("!", 78)
 	fmt.Fprintf(w, "%s\n!! %s\n%s\n", line, msg, line)
+}
+
+// logPath is where fiberd's and the home's log lines go without -v: a
+// file per process, so concurrent runs do not mix.
+func logPath(o options) string {
+	return filepath.Join(os.TempDir(), fmt.Sprintf("fiberd-bench-%d.log", os.Getpid()))
 }

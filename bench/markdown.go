@@ -63,7 +63,7 @@ func Markdown(r Result, plotDir string) string {
 		b.WriteString("> **Warning:** " + w + "\n\n")
 	}
 
-	b.WriteString("### Clone to first HTTP byte\n\n")
+	b.WriteString("#### Clone to first HTTP byte\n\n")
 	var rows [][]string
 	for _, l := range r.Latency {
 		if !l.Measured {
@@ -79,7 +79,7 @@ func Markdown(r Result, plotDir string) string {
 		fmt.Fprintf(&b, "![latency CDF](%s/latency-cdf.png) ![latency box plot](%s/latency-box.png)\n\n", plotDir, plotDir)
 	}
 
-	b.WriteString("### Burst\n\n")
+	b.WriteString("#### Burst\n\n")
 	rows = nil
 	for _, x := range r.Burst {
 		if !x.Measured {
@@ -91,7 +91,7 @@ func Markdown(r Result, plotDir string) string {
 	}
 	table(&b, []string{"mode", "burst", "rounds", "all served ms (p50 of rounds)", "per fiber p50 ms", "p90 ms", "p99 ms", "note"}, rows)
 
-	b.WriteString("### Sustained closed loop (clone, first byte, release)\n\n")
+	b.WriteString("#### Sustained closed loop (clone, first byte, release)\n\n")
 	rows = nil
 	for _, x := range r.Loop {
 		if !x.Measured {
@@ -106,7 +106,7 @@ func Markdown(r Result, plotDir string) string {
 		fmt.Fprintf(&b, "![closed loop](%s/loop.png)\n\n", plotDir)
 	}
 
-	b.WriteString("### Density (proportional set size, `smaps_rollup` Pss)\n\n")
+	b.WriteString("#### Density (proportional set size, `smaps_rollup` Pss)\n\n")
 	rows = nil
 	for _, x := range r.Density {
 		if !x.Measured {
@@ -120,7 +120,7 @@ func Markdown(r Result, plotDir string) string {
 	}
 	table(&b, []string{"template", "N", "N fibers + zygote, MiB", "N processes (cold exec), MiB", "cold / warm", "note"}, rows)
 
-	b.WriteString("### API server load (`apiserver_request_total` on the real API server)\n\n")
+	b.WriteString("#### API server load (`apiserver_request_total` on the real API server)\n\n")
 	a := r.APIServer
 	if !a.Measured {
 		table(&b, []string{"what", "value"}, [][]string{{"requests per fiber", notMeasured}, {"requests per poll period", notMeasured}, {"note", a.Note}})
@@ -128,7 +128,7 @@ func Markdown(r Result, plotDir string) string {
 		table(&b, []string{"what", "value"}, [][]string{
 			{"requests per fiber (fiberd clone)", fmt.Sprintf("**%s** (%s writes)", num(a.PerFiber), num(a.WritesPerFiber))},
 			{fmt.Sprintf("clone window: %d clones in %s s", a.Clones, num(a.CloneSeconds)),
-				fmt.Sprintf("%s requests, %s writes, all from %s poll rounds: %s", num(a.CloneRequests), num(a.CloneWrites), num(a.PollRounds), counts(a.CloneDelta))},
+				fmt.Sprintf("%s requests (%s writes); home poll rounds in the window: %s; counted: %s", num(a.CloneRequests), num(a.CloneWrites), num(a.PollRounds), counts(a.CloneDelta))},
 			{fmt.Sprintf("requests per poll period of the home (poll %s)", a.Poll), fmt.Sprintf("%s (%s writes)", num(a.PerPollPeriod), num(a.WritesPerPeriod))},
 			{fmt.Sprintf("idle window, %s s", num(a.IdleSeconds)), counts(a.IdleDelta)},
 		})
@@ -137,7 +137,7 @@ func Markdown(r Result, plotDir string) string {
 		}
 	}
 
-	b.WriteString("### Kubernetes home\n\n")
+	b.WriteString("#### Kubernetes home\n\n")
 	k := r.KubeHome
 	if !k.Measured {
 		table(&b, []string{"timing", "value"}, [][]string{{"grant fetch, readiness patch, scope loss", notMeasured}, {"note", k.Note}})
@@ -157,9 +157,9 @@ func Markdown(r Result, plotDir string) string {
 		}
 	}
 
-	b.WriteString("### Against published figures\n\n")
+	b.WriteString("#### Against published figures\n\n")
 	b.WriteString(Comparisons(r))
-	b.WriteString("\n### Machine\n\n")
+	b.WriteString("\n#### Machine\n\n")
 	m := r.Machine
 	cg := "no (fibers run in no cgroup of their own)"
 	if m.CgroupsUsed {

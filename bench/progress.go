@@ -10,7 +10,7 @@ import (
 
 // progress writes a line per phase and a counter to w (stderr). On a
 // terminal the counter is rewritten in place; otherwise it is printed at
-// every tenth of its total.
+// every quarter of its total.
 type progress struct {
 	w     io.Writer
 	tty   bool
@@ -44,7 +44,7 @@ func (p *progress) Phasef(format string, args ...any) {
 // Counter returns a function to call once per finished item of total.
 func (p *progress) Counter(total int) func() {
 	var n int
-	step := max(1, total/10)
+	step := max(1, total/4)
 	return func() {
 		p.mu.Lock()
 		defer p.mu.Unlock()

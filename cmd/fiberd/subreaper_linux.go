@@ -13,7 +13,7 @@ import (
 // go to init, which reaps them. main's run calls it once at start-up.
 func becomeSubreaper(log logr.Logger) {
 	if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
-		log.Info("Warning: could not become a child subreaper; fibers of a dead zygote are left to init", "err", err.Error())
+		log.Info("Could not become a child subreaper: fibers of a dead zygote go to init, which must reap them", "err", err.Error())
 		return
 	}
 	log.V(1).Info("Marked fiberd a child subreaper: it reaps the fibers of zygotes that die")

@@ -2,10 +2,7 @@ package main
 
 import (
 	"context"
-	"crypto/rand"
 	"crypto/tls"
-	"encoding/hex"
-	"errors"
 	"flag"
 	"fmt"
 	"net"
@@ -19,7 +16,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"fiberd.io/fiberd/cmd/grant-issuer/internal/issuer"
-	"fiberd.io/fiberd/pkg/core"
+	"fiberd.io/fiberd/internal/grantcli"
 	"fiberd.io/fiberd/pkg/grant"
 )
 
@@ -27,135 +24,25 @@ import (
 // its context ends.
 const shutdownGrace = 5 * time.Second
 
+// newFlags returns the flag set of "grant-issuer NAME", reporting on
+// e.stderr (grantcli.NewFlags).
 func newFlags(name string, e env) *flag.FlagSet {
-	fs := flag.NewFlagSet("grant-issuer "+name, flag.ContinueOnError)
-	fs.SetOutput(e.stderr)
-	return fs
+	return grantcli.NewFlags("grant-issuer "+name, e.stderr)
 }
 
-// parseFlags parses args and refuses positional arguments. ok false means
-// return status.
-func parseFlags(fs *flag.FlagSet, args []string) (status int, ok bool) {
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return exitOK, false
-		}
-		return exitUsage, false
-	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(fs.Output(), "%s: unexpected argument %q\n", fs.Name(), fs.Arg(0))
-		return exitUsage, false
-	}
-	return exitOK, true
-}
-
-func usageError(fs *flag.FlagSet, format string, args ...any) int {
-	fmt.Fprintf(fs.Output(), "%s: %s\n", fs.Name(), fmt.Sprintf(format, args...))
-	return exitUsage
-}
-
-func failure(fs *flag.FlagSet, err error) int {
-	fmt.Fprintf(fs.Output(), "%s: %v\n", fs.Name(), err)
-	return exitFailure
-}
-
-// required returns the name of the first empty flag of pairs, or "".
-func required(pairs ...[2]string) string {
-	for _, p := range pairs {
-		if p[1] == "" {
-			return p[0]
-		}
-	}
-	return ""
+// grantEnv is the part of e the shared grant commands use.
+func (e env) grantEnv() grantcli.Env {
+	return grantcli.Env{Stdout: e.stdout, Stderr: e.stderr, Clock: e.clock}
 }
 
 // keygen: grant-issuer keygen [-alg EdDSA|ES256] [-kid K] -out key.jwk [-jwks-out jwks.json]
 func keygen(args []string, e env) int {
-	fs := newFlags("keygen", e)
-	alg := fs.String("alg", "EdDSA", "signature algorithm of the key: EdDSA or ES256")
-	kid := fs.String("kid", "", "key id; empty uses the key's RFC 7638 thumbprint")
-	out := fs.String("out", "", "file to write the private JWK to, mode 0600 (required)")
-	jwksOut := fs.String("jwks-out", "", "file to write the public JWKS to (optional)")
-	if st, ok := parseFlags(fs, args); !ok {
-		return st
-	}
-	if *alg != "EdDSA" && *alg != "ES256" {
-		return usageError(fs, "-alg %q: want EdDSA or ES256", *alg)
-	}
-	if *out == "" {
-		return usageError(fs, "-out is required: the file to write the private key to")
-	}
-	key, err := grant.GenerateKey(*alg, *kid)
-	if err != nil {
-		return failure(fs, err)
-	}
-	if *jwksOut != "" {
-		jwks, err := grant.PublicJWKS(key)
-		if err != nil {
-			return failure(fs, err)
-		}
-		if err := core.WriteFileAtomic(*jwksOut, append(jwks, '\n'), 0o644); err != nil {
-			return failure(fs, err)
-		}
-	}
-	if err := grant.WriteKeyFile(*out, key); err != nil {
-		return failure(fs, err)
-	}
-	fmt.Fprintf(e.stdout, "kid %s\n", key.KeyID)
-	return exitOK
+	return grantcli.Keygen("grant-issuer keygen", args, e.grantEnv())
 }
 
 // mint: grant-issuer mint -key key.jwk -issuer URL -audience NODE -template T [-uid U] [-max N] [-lease D]
 func mint(args []string, e env) int {
-	fs := newFlags("mint", e)
-	keyFile := fs.String("key", "", "private JWK file written by keygen (required)")
-	iss := fs.String("issuer", "", "issuer URL, the iss claim (required)")
-	aud := fs.String("audience", "", "node id of the home, the aud claim; in Kubernetes the Pod name (required)")
-	template := fs.String("template", "", "template the grant runs, name@sha256:<64 hex> (required)")
-	uid := fs.String("uid", "", "grant UID, the jti claim, a DNS-1123 label such as a Pod UID; empty picks a random one")
-	maxFibers := fs.Int("max", 1, "fibers.max: fibers that may run at once, at least 1")
-	lease := fs.Duration("lease", issuer.DefaultLease, "lease: exp - iat, at least 1s")
-	if st, ok := parseFlags(fs, args); !ok {
-		return st
-	}
-	if name := required([2]string{"key", *keyFile}, [2]string{"issuer", *iss},
-		[2]string{"audience", *aud}, [2]string{"template", *template}); name != "" {
-		return usageError(fs, "-%s is required", name)
-	}
-	if err := grant.ValidTemplate(*template); err != nil {
-		return usageError(fs, "-template: %v", err)
-	}
-	if *uid == "" {
-		b := make([]byte, 10)
-		_, _ = rand.Read(b)
-		*uid = "g-" + hex.EncodeToString(b)
-	} else if err := grant.ValidUID(*uid); err != nil {
-		return usageError(fs, "-uid: %v", err)
-	}
-	if *maxFibers < 1 {
-		return usageError(fs, "-max %d: must be at least 1", *maxFibers)
-	}
-	if *lease < time.Second {
-		return usageError(fs, "-lease %v: must be at least 1s", *lease)
-	}
-	key, err := grant.ReadKeyFile(*keyFile)
-	if err != nil {
-		return failure(fs, err)
-	}
-	signer, err := grant.NewSigner(key)
-	if err != nil {
-		return failure(fs, fmt.Errorf("-key %s: %w", *keyFile, err))
-	}
-	now := e.clock.Now().Truncate(time.Second)
-	tok, err := signer.Mint(core.Grant{
-		UID: *uid, Issuer: *iss, Audience: *aud, Template: *template,
-		Fibers: core.Fibers{Max: *maxFibers}, IssuedAt: now, Expiry: now.Add(*lease),
-	})
-	if err != nil {
-		return failure(fs, err)
-	}
-	fmt.Fprintf(e.stdout, "%s\n", tok)
-	return exitOK
+	return grantcli.Mint("grant-issuer mint", grantcli.MintOptions{Lease: issuer.DefaultLease, PodHints: true}, args, e.grantEnv())
 }
 
 // serveFlags are serve's flags, parsed.
@@ -177,34 +64,33 @@ func serve(args []string, e env) int {
 	fs.StringVar(&f.kubeconfig, "kubeconfig", "", "kubeconfig of the cluster; empty means in-cluster (the Pod's service account)")
 	fs.DurationVar(&f.lease, "lease", issuer.DefaultLease, "lease of every grant minted, at least 1s")
 	fs.DurationVar(&f.reviewTimeout, "review-timeout", issuer.DefaultReviewTimeout, "bound on the TokenReview and Pod read of one request")
-	if st, ok := parseFlags(fs, args); !ok {
+	if st, ok := grantcli.ParseFlags(fs, args); !ok {
 		return st
 	}
-	if name := required([2]string{"issuer", f.issuerURL}, [2]string{"key", f.keyFile},
-		[2]string{"tls-cert", f.certFile}, [2]string{"tls-key", f.certKey}); name != "" {
-		return usageError(fs, "-%s is required", name)
+	if st, ok := grantcli.Required(fs, "issuer", "key", "tls-cert", "tls-key"); !ok {
+		return st
 	}
 	if f.lease < time.Second {
-		return usageError(fs, "-lease %v: must be at least 1s", f.lease)
+		return grantcli.UsageError(fs, "-lease %v: must be at least 1s", f.lease)
 	}
 	if f.reviewTimeout <= 0 {
-		return usageError(fs, "-review-timeout %v: must be positive", f.reviewTimeout)
+		return grantcli.UsageError(fs, "-review-timeout %v: must be positive", f.reviewTimeout)
 	}
 	key, err := grant.ReadKeyFile(f.keyFile)
 	if err != nil {
-		return failure(fs, fmt.Errorf("-key: %w", err))
+		return grantcli.Failure(fs, fmt.Errorf("-key: %w", err))
 	}
 	signer, err := grant.NewSigner(key)
 	if err != nil {
-		return failure(fs, fmt.Errorf("-key %s: %w", f.keyFile, err))
+		return grantcli.Failure(fs, fmt.Errorf("-key %s: %w", f.keyFile, err))
 	}
 	cert, err := tls.LoadX509KeyPair(f.certFile, f.certKey)
 	if err != nil {
-		return failure(fs, fmt.Errorf("-tls-cert/-tls-key: %w", err))
+		return grantcli.Failure(fs, fmt.Errorf("-tls-cert/-tls-key: %w", err))
 	}
 	kube, err := kubeClient(f.kubeconfig)
 	if err != nil {
-		return failure(fs, err)
+		return grantcli.Failure(fs, err)
 	}
 	log := klog.Background().WithName("grant-issuer")
 	srv, err := issuer.New(issuer.Config{
@@ -219,11 +105,11 @@ func serve(args []string, e env) int {
 		Logger:        log,
 	})
 	if err != nil {
-		return usageError(fs, "%v", err)
+		return grantcli.UsageError(fs, "%v", err)
 	}
 	ln, err := net.Listen("tcp", f.listen)
 	if err != nil {
-		return failure(fs, fmt.Errorf("-listen: %w", err))
+		return grantcli.Failure(fs, fmt.Errorf("-listen: %w", err))
 	}
 	hs := &http.Server{
 		Handler:           srv,
@@ -239,7 +125,7 @@ func serve(args []string, e env) int {
 		"address", ln.Addr().String(), "issuer", f.issuerURL, "kid", signer.KeyID(), "lease", f.lease.String())
 	select {
 	case err := <-done:
-		return failure(fs, err)
+		return grantcli.Failure(fs, err)
 	case <-e.ctx.Done():
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), shutdownGrace)

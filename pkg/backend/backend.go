@@ -192,8 +192,9 @@ type Config struct {
 	// Default 30s.
 	WarmTimeout time.Duration
 	// KillTimeout bounds how long ending a fiber's leftovers (the rest of
-	// its leaf) may take before the leaf is given up and logged.
-	// Default 10s.
+	// its leaf) may take before the leaf is given up and logged, and for
+	// Proc how long the killed fibers of an ended zygote are waited for
+	// (and reaped) before those still running are logged. Default 10s.
 	KillTimeout time.Duration
 	// LogMaxBytes caps each template log file; output beyond it is
 	// dropped after one marker line. Default 1 MiB.

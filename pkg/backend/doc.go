@@ -57,9 +57,19 @@
 // its own session). Once a Clone succeeded the backend owns the leaf and
 // removes it when the fiber ends. Proc also owns <Cgroup>/zygote.
 //
-// A fiber of a dead zygote is reparented to the init process of fiberd's
-// pid namespace; when fiberd is that init (PID 1 of a container), the
-// command must reap orphans.
+// A fiber of a dead (or stopped) zygote is reparented to the nearest child
+// subreaper, else to the init of the pid namespace: fiberd when it is PID 1
+// of a grant Pod, and on a host too once the command has marked it a child
+// subreaper (cmd/fiberd does at start-up). Proc therefore reaps the fibers
+// it knew of: it opens a pidfd on each when the zygote reports it (CLONED)
+// and, once the zygote is gone and its fibers killed, waits on those pidfds
+// (waitid P_PIDFD, polled, bounded by Config.KillTimeout) before it queues
+// their Exits. A fiber that is not fiberd's child (the host's init has it)
+// is left to its parent; one still running at the bound is logged. Proc
+// never waits for any child or a bare pid, so no exit status is taken from
+// the zygotes' or the exec backend's own waiters. Processes a fiber started
+// itself, orphaned when the fiber dies first, are not reaped by the
+// backend.
 //
 // # Who imports it
 //

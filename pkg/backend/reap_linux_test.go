@@ -15,6 +15,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"fiberd.io/fiberd/pkg/cgroup"
 	"fiberd.io/fiberd/pkg/core"
 )
 
@@ -83,18 +84,45 @@ func TestOrphanedFibersReaped(t *testing.T) {
 	if !inSubreaper(t) {
 		return
 	}
-	for _, how := range []string{"zygote killed", "grant stopped"} {
-		t.Run(how, func(t *testing.T) {
+	for _, tt := range []struct {
+		name   string
+		stop   bool // Stop the grant rather than kill the zygote
+		leaves bool // fibers in leaf cgroups, killed through cgroup.kill
+	}{
+		{name: "zygote killed"},
+		{name: "grant stopped", stop: true},
+		{name: "zygote killed, fibers in leaves", leaves: true},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
 			b := newBackend(t, core.TierWarm)
 			uid := uidFor(t)
-			warm(t, b, uid, kindC.spec(t), "")
+			var g *cgroup.Grant
+			if tt.leaves {
+				tree, _ := cgroupRoot(t)
+				cg, err := tree.Grant(uid)
+				if err != nil {
+					t.Fatal(err)
+				}
+				g = &cg
+				warm(t, b, uid, kindC.spec(t), g.Dir.Path())
+			} else {
+				warm(t, b, uid, kindC.spec(t), "")
+			}
 			ctx := ctxT(t)
 			zpid := zygotePID(t, uid)
 			const n = 8
 			var fibers []Fiber
 			for i := uint64(1); i <= n; i++ {
 				ep := listen(t, i%2 == 0)
-				f, err := b.Clone(ctx, CloneRequest{Fence: fence(uid, i), Listener: ep.file})
+				req := CloneRequest{Fence: fence(uid, i), Listener: ep.file}
+				if g != nil {
+					leaf, err := g.Fiber(1, i)
+					if err != nil {
+						t.Fatal(err)
+					}
+					req.Leaf = leaf.Path()
+				}
+				f, err := b.Clone(ctx, req)
 				if err != nil {
 					t.Fatalf("Clone %d: %v", i, err)
 				}
@@ -107,7 +135,7 @@ func TestOrphanedFibersReaped(t *testing.T) {
 				fibers = append(fibers, f)
 			}
 
-			if how == "zygote killed" {
+			if !tt.stop {
 				if err := syscall.Kill(zpid, syscall.SIGKILL); err != nil {
 					t.Fatal(err)
 				}
