@@ -69,11 +69,13 @@ func TestUsage(t *testing.T) {
 		{"no command", nil, exitUsage, "usage"},
 		{"unknown command", []string{"frobnicate"}, exitUsage, `unknown command "frobnicate"`},
 		{"help names the production controller", []string{"help"}, exitOK, "separate project"},
-		{"keygen without out", []string{"keygen"}, exitUsage, "-out is required"},
-		{"keygen bad alg", []string{"keygen", "-alg", "RS256", "-out", "k"}, exitUsage, "-alg"},
-		{"mint without template", []string{"mint", "-key", "k", "-issuer", "i", "-audience", "a"}, exitUsage, "-template is required"},
-		{"mint bad uid", []string{"mint", "-key", "k", "-issuer", "i", "-audience", "a", "-template", tmpl, "-uid", "Bad_UID"}, exitUsage, "-uid"},
-		{"mint zero max", []string{"mint", "-key", "k", "-issuer", "i", "-audience", "a", "-template", tmpl, "-max", "0"}, exitUsage, "-max"},
+		// The keygen and mint checks are grantcli's (tested there); these
+		// show grant-issuer runs them under its own names, mint with
+		// fibers.max only.
+		{"keygen without out", []string{"keygen"}, exitUsage, "grant-issuer keygen: -out is required"},
+		{"mint without template", []string{"mint", "-key", "k", "-issuer", "i", "-audience", "a"}, exitUsage, "grant-issuer mint: -template is required"},
+		{"mint has no -warm", []string{"mint", "-key", "k", "-issuer", "i", "-audience", "a", "-template", tmpl, "-warm", "1"}, exitUsage, "not defined: -warm"},
+		{"mint help names the Pod", []string{"mint", "-h"}, exitOK, "the Pod name"},
 		{"serve without issuer", []string{"serve"}, exitUsage, "-issuer is required"},
 		{"serve without tls", []string{"serve", "-issuer", "https://x", "-key", badKey}, exitUsage, "-tls-cert is required"},
 		{"serve short lease", []string{"serve", "-issuer", "https://x", "-key", badKey, "-tls-cert", "c", "-tls-key", "k", "-lease", "100ms"}, exitUsage, "-lease"},

@@ -267,33 +267,26 @@ func TestUsageErrors(t *testing.T) {
 		{"device class alone", with("-device-class", "gpu"), "-device-count"},
 		{"negative device count", with("-device-class", "gpu", "-device-count", "-1"), "-device-count"},
 	}
-	check := func(t *testing.T, c tc, code int, errs, prefix string) {
-		t.Helper()
-		if code != ExitUsage {
-			t.Errorf("exit %d, want 2 (stderr %q)", code, errs)
-		}
-		if !strings.Contains(errs, c.msg) || !strings.Contains(errs, prefix) {
-			t.Errorf("stderr %q does not name %q after %q", errs, c.msg, prefix)
-		}
-	}
-	for _, c := range keygenCases {
-		t.Run("keygen "+c.name, func(t *testing.T) {
-			code, _, errs := keygen(t, c.args...)
-			check(t, c, code, errs, "test keygen")
-		})
-	}
-	for _, o := range []struct {
-		name  string
-		opts  MintOptions
-		cases []tc
+	for _, g := range []struct {
+		name, prefix string
+		run          func(t *testing.T, args ...string) (int, string, string)
+		cases        []tc
 	}{
-		{"all claims", fiberctlMint, append(mintCases, allClaimsCases...)},
-		{"fibers.max only", issuerMint, mintCases},
+		{"keygen", "test keygen", keygen, keygenCases},
+		{"mint all claims", "test mint", func(t *testing.T, args ...string) (int, string, string) { return mint(t, fiberctlMint, args...) },
+			append(mintCases, allClaimsCases...)},
+		{"mint fibers.max only", "test mint", func(t *testing.T, args ...string) (int, string, string) { return mint(t, issuerMint, args...) },
+			mintCases},
 	} {
-		for _, c := range o.cases {
-			t.Run("mint "+o.name+" "+c.name, func(t *testing.T) {
-				code, _, errs := mint(t, o.opts, c.args...)
-				check(t, c, code, errs, "test mint")
+		for _, c := range g.cases {
+			t.Run(g.name+" "+c.name, func(t *testing.T) {
+				code, _, errs := g.run(t, c.args...)
+				if code != ExitUsage {
+					t.Errorf("exit %d, want 2 (stderr %q)", code, errs)
+				}
+				if !strings.Contains(errs, g.prefix) || !strings.Contains(errs, c.msg) {
+					t.Errorf("stderr %q does not name %q after %q", errs, c.msg, g.prefix)
+				}
 			})
 		}
 	}
