@@ -104,7 +104,9 @@ func New(ctx context.Context, cfg Config) (a *Agent, err error) {
 		return nil, err
 	}
 	cfg = cfg.withDefaults()
-	a = &Agent{
+	// a is a named result, so every "return nil, err" below sets it to nil
+	// before the deferred cleanup runs; the cleanup needs the agent itself.
+	agent := &Agent{
 		cfg:       cfg,
 		log:       cfg.Logger,
 		home:      cfg.Home,
@@ -115,9 +117,10 @@ func New(ctx context.Context, cfg Config) (a *Agent, err error) {
 		gaps:      make(map[string]error),
 		changed:   make(chan struct{}),
 	}
+	a = agent
 	defer func() {
 		if err != nil {
-			a.closeListeners()
+			agent.closeListeners()
 			closeOwned(cfg)
 			a = nil
 		}

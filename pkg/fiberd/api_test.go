@@ -238,6 +238,40 @@ func TestNewRefusesAndCloses(t *testing.T) {
 	}
 }
 
+// TestNewFailsCleanlyWhenTheAddressIsTaken: a failure after New has begun
+// building (here the TCP address is in use) is an error naming the address,
+// not a panic, and leaves no listener, home or backend open.
+func TestNewFailsCleanlyWhenTheAddressIsTaken(t *testing.T) {
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer taken.Close()
+	h := newFakeHome(clocktesting.NewFakeClock(testStart))
+	b := fake.New(core.TierBasic, fake.Hooks{})
+	state := t.TempDir()
+	_, err = New(context.Background(), Config{Home: h, Issuer: testIssuer, NodeID: testNode, Keys: &switchKeys{},
+		Templates: "/t", Basic: b, StateDir: state, Listen: taken.Addr().String(), InsecurePlaintext: true})
+	if err == nil || !strings.Contains(err.Error(), taken.Addr().String()) {
+		t.Fatalf("New on a taken address: %v, want an error naming %s", err, taken.Addr())
+	}
+	if h.closed != 1 {
+		t.Errorf("home closed %d times, want 1", h.closed)
+	}
+	if _, ok := <-b.Exits(); ok {
+		t.Errorf("backend not closed")
+	}
+	// The unix sockets bound before the TCP listener failed are closed: a
+	// new agent on the same state directory can bind them again.
+	h2 := newFakeHome(clocktesting.NewFakeClock(testStart))
+	a, err := New(context.Background(), Config{Home: h2, Issuer: testIssuer, NodeID: testNode, Keys: &switchKeys{},
+		Templates: "/t", Basic: fake.New(core.TierBasic, fake.Hooks{}), StateDir: state, Listen: ""})
+	if err != nil {
+		t.Fatalf("second New on the same state directory: %v", err)
+	}
+	a.Close()
+}
+
 // TestTLS: the TCP listener speaks TLS 1.3 only and needs a client
 // certificate chained to the client CA; such callers are authenticated and
 // may self-admit.
