@@ -5,7 +5,11 @@
  * "fence=<fence> pid=<pid> count=<n> payload=<hex|-> cgroup=<path>", n
  * counting the requests that fiber has served and path the cgroup it found
  * itself in when it started. GET /crash makes the fiber abort (for testing that a crash does not
- * hurt the zygote); GET /exit/<code> makes it exit with <code>.
+ * hurt the zygote); GET /exit/<code> makes it exit with <code>. GET /orphan
+ * forks a child that sleeps 60 s, answers "orphan=<child pid>" and exits 0,
+ * leaving the child behind (for testing that the zygote reaps such orphans);
+ * GET /orphan/pgrp does the same with the child in a process group of its
+ * own, out of reach of the kill of the fiber's group.
  *
  * Options:
  *   --init-ms N    spend N milliseconds initialising before serving (default 0),
@@ -77,6 +81,34 @@ static void own_cgroup(char *out, size_t len)
 	fclose(f);
 }
 
+/* Leave a sleeping child behind: answer with its pid on c and exit 0. */
+static void orphan(int c, int own_group)
+{
+	pid_t pid = fork();
+	if (pid == 0) {
+		close(c);
+		close(FZ_LISTEN_FD);
+		if (own_group)
+			setpgid(0, 0);
+		sleep(60);
+		_exit(0);
+	}
+	if (pid < 0) {
+		perror("counter: fork");
+		exit(1);
+	}
+	if (own_group)
+		setpgid(pid, pid); /* also here, so it is done before this fiber exits */
+	char body[64], out[256];
+	int bl = snprintf(body, sizeof(body), "orphan=%d\n", (int)pid);
+	int ol = snprintf(out, sizeof(out),
+			  "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s",
+			  bl, body);
+	if (write(c, out, (size_t)ol) < 0) { /* the client went away */ }
+	close(c);
+	exit(0);
+}
+
 static int serve(const char *fence)
 {
 	unsigned long count = 0;
@@ -116,6 +148,8 @@ static int serve(const char *fence)
 			abort();
 		if (strncmp(req, "GET /exit/", 10) == 0)
 			exit(atoi(req + 10));
+		if (strncmp(req, "GET /orphan ", 12) == 0 || strncmp(req, "GET /orphan/pgrp ", 17) == 0)
+			orphan(c, req[11] == '/');
 		count++;
 		char body[2048], out[4096];
 		int bl = snprintf(body, sizeof(body), "fence=%s pid=%d count=%lu payload=%.1024s cgroup=%s\n", fence,

@@ -4,7 +4,11 @@ Every fiber answers each HTTP request on its listener (descriptor 3) with
 "fence=<fence> pid=<pid> count=<n> payload=<hex|-> cgroup=<path>", n counting
 the requests that fiber has served and path the cgroup it found itself in
 when it started. GET /crash makes the fiber abort (SIGABRT) and
-GET /exit/<code> makes it exit with <code>, for tests.
+GET /exit/<code> makes it exit with <code>, for tests. GET /orphan forks a
+child that sleeps 60 s, answers "orphan=<child pid>" and exits 0, leaving the
+child behind (for testing that the zygote reaps such orphans); GET
+/orphan/pgrp does the same with the child in a process group of its own, out
+of reach of the kill of the fiber's group.
 
 Options:
   --init-ms N    spend N milliseconds initialising before serving (default 0),
@@ -58,11 +62,34 @@ class Fiber:
             os.abort()
         if path.startswith(b"/exit/"):
             os._exit(int(path[len(b"/exit/"):]))
+        if path in (b"/orphan", b"/orphan/pgrp"):
+            orphan(conn, path == b"/orphan/pgrp")
         self.count += 1
         body = ("fence=%s pid=%d count=%d payload=%s cgroup=%s\n" % (
             self.fence, os.getpid(), self.count, self.payload, self.cgroup)).encode()
         conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: %d\r\n"
                      b"Connection: close\r\n\r\n%s" % (len(body), body))
+
+
+def orphan(conn, own_group):
+    """Leave a sleeping child behind: answer with its pid on conn and exit 0."""
+    pid = os.fork()
+    if pid == 0:
+        try:
+            conn.close()
+            os.close(fiberzygote.LISTEN_FD)
+            if own_group:
+                os.setpgid(0, 0)
+            time.sleep(60)
+        finally:
+            os._exit(0)
+    if own_group:
+        os.setpgid(pid, pid)  # also here, so it is done before this fiber exits
+    body = b"orphan=%d\n" % pid
+    conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: %d\r\n"
+                 b"Connection: close\r\n\r\n%s" % (len(body), body))
+    conn.close()
+    os._exit(0)
 
 
 def own_cgroup():

@@ -12,6 +12,9 @@
 #include <sys/signalfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#ifdef __linux__
+#include <sys/prctl.h>
+#endif
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -82,7 +85,9 @@ static int fz_add_kid(struct fz_state *st, pid_t pid, const char *fence)
 	return 0;
 }
 
-/* Reap every child that has ended and report the ones that were fibers. */
+/* Reap every child that has ended and report the ones that were fibers.
+ * Other children (orphans of fibers, reparented to the subreaper zygote)
+ * are reaped and ignored. */
 static int fz_reap(struct fz_state *st, int block)
 {
 	int status;
@@ -301,6 +306,15 @@ int fz_serve(int control_fd, fz_fiber_fn on_fiber, void *arg)
 	}
 	if (fcntl(control_fd, F_SETFD, FD_CLOEXEC) < 0)
 		return -1;
+
+#ifdef PR_SET_CHILD_SUBREAPER
+	/* Orphans of fibers (processes a fiber started and outlived) come to
+	 * the zygote instead of to fiberd, which reaps only pids it knows;
+	 * fz_reap reaps them with the fibers. Not inherited by fork, so the
+	 * fibers themselves are unaffected. */
+	if (prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) < 0)
+		fz_log("cannot become a child subreaper (%s)%s; orphans of fibers go to fiberd", strerror(errno), "");
+#endif
 
 	sigset_t chld;
 	sigemptyset(&chld);

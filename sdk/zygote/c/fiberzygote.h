@@ -21,8 +21,12 @@
  * none). Then it calls on_fiber and exits with its return value.
  *
  * fz_serve reaps every child, so a fiber that crashes is reported as EXITED
- * and the zygote keeps serving. When fiberd closes the control socket the
- * zygote kills its fibers' process groups, reaps them and fz_serve returns 0.
+ * and the zygote keeps serving. On Linux fz_serve also makes the zygote a
+ * child subreaper, so processes a fiber started and left behind when it
+ * ended are reparented to the zygote and reaped there (not left as zombies
+ * of fiberd); the fibers themselves do not inherit the setting. When
+ * fiberd closes the control socket the zygote kills its fibers' process
+ * groups, reaps them and fz_serve returns 0.
  */
 #ifndef FIBERZYGOTE_H
 #define FIBERZYGOTE_H

@@ -22,9 +22,13 @@ on_fiber(fiber) and exits: with the int it returns, 0 for None, the code of
 a SystemExit, 1 for any other exception.
 
 serve calls gc.freeze() before READY, so collections in fibers leave the
-zygote's objects (and their pages) alone. serve reaps every child, so a crashing fiber is reported as EXITED and the
-zygote keeps serving. When fiberd closes the control socket, serve kills its
-fibers' process groups, reaps them and returns. serve raises NotAZygote, and
+zygote's objects (and their pages) alone. serve reaps every child, so a
+crashing fiber is reported as EXITED and the zygote keeps serving. On Linux
+serve also makes the zygote a child subreaper (prctl through ctypes), so
+processes a fiber started and left behind are reparented to the zygote and
+reaped there, not left as zombies of fiberd; fibers do not inherit this.
+When fiberd closes the control socket, serve kills its fibers' process
+groups, reaps them and returns. serve raises NotAZygote, and
 serves nothing, when descriptor 3 is not a unix SOCK_SEQPACKET socket.
 
 Only the standard library is used (socket.recv_fds needs Python 3.9).
@@ -49,6 +53,7 @@ LISTEN_FD = 3
 
 _MSG_MAX = 16384  # a CLONE carries at most 4096 payload bytes as hex
 _MAX_FDS = 4
+_PR_SET_CHILD_SUBREAPER = 36  # <linux/prctl.h>
 
 
 class NotAZygote(RuntimeError):
@@ -88,6 +93,22 @@ def _signame(n):
         return "SIG%d" % n
 
 
+def _become_subreaper():
+    """Mark this process a child subreaper (Linux prctl PR_SET_CHILD_SUBREAPER),
+    so orphans of fibers come to the zygote, whose reap() ends them. Fails
+    soft: a note on stderr, and orphans go to fiberd as before."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+        libc = ctypes.CDLL(None, use_errno=True)
+        one, zero = ctypes.c_ulong(1), ctypes.c_ulong(0)
+        if libc.prctl(_PR_SET_CHILD_SUBREAPER, one, zero, zero, zero) != 0:
+            raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))
+    except (ImportError, AttributeError, OSError) as e:
+        sys.stderr.write("fiberzygote: cannot become a child subreaper (%s); orphans of fibers go to fiberd\n" % e)
+
+
 def _control_socket(fd):
     try:
         st = os.fstat(fd)
@@ -114,6 +135,8 @@ class _Zygote:
         self.ctl.send(text.encode())
 
     def reap(self, block=False):
+        # Children that are not fibers (orphans of fibers, reparented to
+        # this subreaper) are reaped and ignored.
         while self.kids or not block:
             try:
                 pid, status = os.waitpid(-1, 0 if block else os.WNOHANG)
@@ -232,6 +255,7 @@ def serve(on_fiber, control_fd=CONTROL_FD):
     from the main thread (it handles SIGCHLD)."""
     ctl = _control_socket(control_fd)
     os.set_inheritable(control_fd, False)
+    _become_subreaper()
     z = _Zygote(ctl, on_fiber)
     rwake, wwake = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
     old_handler = signal.signal(signal.SIGCHLD, lambda signum, frame: None)
