@@ -52,3 +52,7 @@ ci: vet build test fuzz test-integration e2e ## What .ci/run runs: everything, n
 .PHONY: demo
 demo: ## Start fiberd -dev, clone warm and cold fibers, print their times, stop it.
 	hack/demo.sh
+
+.PHONY: docs-check
+docs-check: ## Run every command of README.md and docs/*.md against a real fiberd -dev (test/docs).
+	hack/docs-check.sh

@@ -7,14 +7,23 @@
 // A fenced code block is run or checked by its info string:
 //
 //   - ```sh (or bash, shell): run. The blocks of one document run in order,
-//     in one bash process started in the repository root, with
-//     `set -eEuo pipefail`, so a variable set in one block is there in the
-//     next. A command that fails fails the check, which names the document,
-//     the line and the output of the block.
+//     in one bash process started in the root of a copy of the checkout
+//     (the files git tracks or would track), with `set -eEuo pipefail`, so
+//     a variable set in one block is there in the next and nothing a
+//     document writes reaches the real tree. A command that fails fails the
+//     check, which names the document, the line and the output of the
+//     block; a document still running after two minutes fails too.
 //   - ```sh cluster: needs a Kubernetes cluster. Checked only: `bash -n`
 //     must accept it and every repository path it names must exist. The
 //     e2e suite (test/e2e) applies the manifests of deploy/kubernetes to a
 //     real API server and runs fiberd against it.
+//   - ```sh bench: a measurement that takes minutes and rewrites the
+//     published results (docs/benchmarks.md). Checked like a cluster block.
+//   - ```sh long: a command that does not return (a daemon in the
+//     foreground) or that runs these checks itself (make ci), such as the
+//     README's first two commands. Checked like a cluster block; the
+//     daemon is what TestDocs starts for every document, and test/process
+//     runs it as a process.
 //   - ```LANG file=PATH: written to PATH, relative to the working directory
 //     the document's shell is in when the block is reached, so the source a
 //     document shows is the source its next commands build.

@@ -22,7 +22,7 @@ import (
 
 // Bounds of the check. A document that runs longer has a command that hangs.
 const (
-	docTimeout   = 5 * time.Minute
+	docTimeout   = 2 * time.Minute
 	devReadyWait = 3 * time.Minute
 	outputTail   = 60
 )
@@ -253,11 +253,14 @@ func TestDocs(t *testing.T) {
 		}
 		os.RemoveAll(work)
 	})
-	dev := startDev(t, root, bin, work)
+	// Documents run in a copy of the checkout, as a reader runs them in
+	// theirs: a command that writes into the tree cannot change this one.
+	tree := copyCheckout(t, root, filepath.Join(work, "checkout"))
+	dev := startDev(t, tree, bin, work)
 
 	for _, doc := range documents(t, root) {
 		t.Run(strings.ReplaceAll(doc, "/", "_"), func(t *testing.T) {
-			runDoc(t, root, bin, work, dev, doc)
+			runDoc(t, root, tree, bin, work, dev, doc)
 		})
 	}
 	t.Run("metrics documented", func(t *testing.T) {
@@ -276,9 +279,10 @@ func TestDocs(t *testing.T) {
 	})
 }
 
-// runDoc runs one document's blocks in one bash process and reports the
-// first failing command with its document line and output.
-func runDoc(t *testing.T, root, bin, work string, dev *devFiberd, doc string) {
+// runDoc runs one document's blocks in one bash process started in tree,
+// the copy of the checkout, and reports the first failing command with its
+// document line and output.
+func runDoc(t *testing.T, root, tree, bin, work string, dev *devFiberd, doc string) {
 	src, blocks := readDoc(t, root, doc)
 	runs := 0
 	for _, b := range blocks {
@@ -313,7 +317,7 @@ func runDoc(t *testing.T, root, bin, work string, dev *devFiberd, doc string) {
 	ctx, cancel := context.WithTimeout(context.Background(), docTimeout)
 	defer cancel()
 	cmd := exec.Command("bash", path)
-	cmd.Dir = root
+	cmd.Dir = tree
 	cmd.Env = append(docEnv(bin, work, "unix://"+dev.socket), "DOCS_CHECK=1")
 	cmd.Stdin = nil
 	cmd.Stdout, cmd.Stderr = out, out
@@ -340,15 +344,66 @@ func runDoc(t *testing.T, root, bin, work string, dev *devFiberd, doc string) {
 		return
 	}
 	b, _ := os.ReadFile(outPath)
-	line, status, command, blockOut := failure(string(b), outputTail)
+	line, status, command, lastBlock, blockOut := failure(string(b), outputTail)
 	switch {
 	case timedOut:
-		t.Errorf("%s: still running after %v; output of the last block:\n%s", doc, docTimeout, strings.Join(blockOut, "\n"))
+		t.Errorf("%s:%s: the block starting here still ran after %v (a command that never returns, such as a server in the foreground?); its output:\n%s",
+			doc, lastBlock, docTimeout, strings.Join(blockOut, "\n"))
 	case line != "":
 		t.Errorf("%s:%s: `%s` exited %s; output of its block:\n%s", doc, line, command, status, strings.Join(blockOut, "\n"))
 	default:
 		t.Errorf("%s: bash: %v; output of the last block:\n%s", doc, runErr, strings.Join(blockOut, "\n"))
 	}
+}
+
+// maxCopy is the largest file copyCheckout copies: a stray build output in
+// the working tree is no source a document needs.
+const maxCopy = 4 << 20
+
+// copyCheckout copies the files of the checkout at root that git tracks or
+// would track (untracked files not ignored, so work not yet committed is
+// there too) into dst, and returns dst.
+func copyCheckout(t *testing.T, root, dst string) string {
+	t.Helper()
+	needTools(t, "git")
+	cmd := exec.Command("git", "ls-files", "-z", "--cached", "--others", "--exclude-standard")
+	cmd.Dir = root
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("git ls-files in %s: %v", root, err)
+	}
+	for _, rel := range strings.Split(strings.TrimRight(string(out), "\x00"), "\x00") {
+		src := filepath.Join(root, rel)
+		fi, err := os.Lstat(src)
+		if err != nil {
+			continue // deleted in the working tree
+		}
+		to := filepath.Join(dst, rel)
+		if err := os.MkdirAll(filepath.Dir(to), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		switch {
+		case fi.Mode()&fs.ModeSymlink != 0:
+			target, err := os.Readlink(src)
+			if err == nil {
+				err = os.Symlink(target, to)
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+		case fi.Mode().IsRegular() && fi.Size() <= maxCopy:
+			b, err := os.ReadFile(src)
+			if err == nil {
+				err = os.WriteFile(to, b, fi.Mode().Perm())
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+		case fi.Mode().IsRegular():
+			t.Logf("not copying %s (%d bytes): no document needs a file that large", rel, fi.Size())
+		}
+	}
+	return dst
 }
 
 // killGroup ends what a document left running in its process group:
@@ -514,7 +569,7 @@ func TestStaticChecks(t *testing.T) {
 		}
 		for _, b := range blocks {
 			switch b.kind() {
-			case "cluster", "bench":
+			case "cluster", "bench", "long":
 				body := strings.Join(b.body, "\n") + "\n"
 				cmd := exec.Command("bash", "-n")
 				cmd.Stdin = strings.NewReader(body)

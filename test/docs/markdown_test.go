@@ -27,6 +27,9 @@ func (b block) kind() string {
 		if _, ok := b.attrs["bench"]; ok {
 			return "bench"
 		}
+		if _, ok := b.attrs["long"]; ok {
+			return "long"
+		}
 		return "run"
 	case b.lang == "text":
 		if _, ok := b.attrs["logs"]; ok {
@@ -130,12 +133,17 @@ var (
 
 // failure reads a document's output and describes where it failed: the
 // line of the failing command, the command, its exit status and the output
-// of its block (at most tail lines of it).
-func failure(output string, tail int) (line, status, command string, blockOut []string) {
+// of its block (at most tail lines of it). Without a failing command (a
+// document killed for its time), lastBlock is the line of the block that
+// was running.
+func failure(output string, tail int) (line, status, command, lastBlock string, blockOut []string) {
 	var cur []string
 	for _, l := range strings.Split(output, "\n") {
-		if blockRE.MatchString(l) {
+		if m := blockRE.FindStringSubmatch(l); m != nil {
 			cur = nil
+			if line == "" {
+				lastBlock = m[1]
+			}
 			continue
 		}
 		if m := failedRE.FindStringSubmatch(l); m != nil {
@@ -152,5 +160,5 @@ func failure(output string, tail int) (line, status, command string, blockOut []
 	if len(blockOut) > tail {
 		blockOut = blockOut[len(blockOut)-tail:]
 	}
-	return line, status, command, blockOut
+	return line, status, command, lastBlock, blockOut
 }

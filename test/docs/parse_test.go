@@ -15,7 +15,7 @@ func TestParseBlocks(t *testing.T) {
 		err   bool
 	}{
 		{"run and show", "# t\n```sh\necho hi\n```\n```text\nhi\n```\n", []string{"run", "show"}, false},
-		{"attributes", "# t\n```sh cluster\nkubectl get pods\n```\n```c file=a.c\nint x;\n```\n```text logs\nI0 x.go:1] \"m\"\n```\n```sh bench\ngo test\n```\n", []string{"cluster", "file", "logs", "bench"}, false},
+		{"attributes", "# t\n```sh cluster\nkubectl get pods\n```\n```c file=a.c\nint x;\n```\n```text logs\nI0 x.go:1] \"m\"\n```\n```sh bench\ngo test\n```\n```sh long\nmake ci\n```\n", []string{"cluster", "file", "logs", "bench", "long"}, false},
 		{"tilde and longer fences", "# t\n~~~bash\n```\n~~~\n````sh\n```\n````\n", []string{"run", "run"}, false},
 		{"indented in a list", "# t\n- step\n  ```sh\n  echo hi\n  ```\n", []string{"run"}, false},
 		{"inline code is no fence", "# t\n```a` b```\n", nil, false},
@@ -79,7 +79,7 @@ func TestScriptReportsTheDocumentLine(t *testing.T) {
 	if err == nil {
 		t.Fatalf("script succeeded; want the failure at line 14:\n%s", out)
 	}
-	line, status, command, blockOut := failure(string(out), 10)
+	line, status, command, _, blockOut := failure(string(out), 10)
 	if line != "14" || status != "1" || command != "false" {
 		t.Errorf("failure at line %q exit %q command %q, want line 14 exit 1 false\n%s", line, status, command, out)
 	}
