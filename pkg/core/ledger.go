@@ -69,6 +69,10 @@ type Ledger struct {
 	epoch  uint64
 	grants map[string]*ledgerEntry
 	denied map[string]bool
+	// yielded is the last seq of each grant yielded in this epoch, so a
+	// grant admitted again continues its sequence: a fence is never minted
+	// twice in one epoch, and an old fiber id can never name a new fiber.
+	yielded map[string]uint64
 
 	gateMu sync.Mutex
 	gates  map[string]*gate
@@ -82,10 +86,11 @@ type gate struct {
 // NewLedger returns an empty ledger at epoch.
 func NewLedger(epoch uint64) *Ledger {
 	return &Ledger{
-		epoch:  epoch,
-		grants: make(map[string]*ledgerEntry),
-		denied: make(map[string]bool),
-		gates:  make(map[string]*gate),
+		epoch:   epoch,
+		grants:  make(map[string]*ledgerEntry),
+		denied:  make(map[string]bool),
+		yielded: make(map[string]uint64),
+		gates:   make(map[string]*gate),
 	}
 }
 
@@ -104,6 +109,8 @@ func (l *Ledger) SetEpoch(epoch uint64) []Fiber {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.epoch = epoch
+	// Fences of the new epoch differ from every older one by their epoch.
+	l.yielded = make(map[string]uint64)
 	var out []Fiber
 	for _, e := range l.grants {
 		for _, f := range e.running {
@@ -129,7 +136,7 @@ func (l *Ledger) Admit(g Grant) (added bool, err error) {
 		e.grant = g
 		return false, nil
 	}
-	l.grants[g.UID] = &ledgerEntry{grant: g, running: make(map[Fence]*Fiber), sessions: make(map[string]Fence)}
+	l.grants[g.UID] = &ledgerEntry{grant: g, seq: l.yielded[g.UID], running: make(map[Fence]*Fiber), sessions: make(map[string]Fence)}
 	return true, nil
 }
 
@@ -158,6 +165,7 @@ func (l *Ledger) Yield(uid string) []Fiber {
 		return nil
 	}
 	delete(l.grants, uid)
+	l.yielded[uid] = e.seq
 	out := make([]Fiber, 0, len(e.running))
 	for _, f := range e.running {
 		out = append(out, *f)

@@ -215,3 +215,34 @@ func TestLedgerRenewalKeepsFibers(t *testing.T) {
 		t.Fatal("renewal did not update the lease")
 	}
 }
+
+// TestLedgerSeqContinuesAfterYield: a grant yielded and admitted again in
+// the same epoch continues its sequence, so the fiber id of a released fiber
+// never names a new one.
+func TestLedgerSeqContinuesAfterYield(t *testing.T) {
+	l := NewLedger(1)
+	l.Admit(testGrant("g", 2))
+	first, _, _ := l.Reserve("g", "", t0)
+	l.Commit(first, Fiber{})
+	l.Yield("g")
+	l.Admit(testGrant("g", 2))
+	again, _, err := l.Reserve("g", "", t0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if again.Fence == first.Fence || again.Fence.Seq != 2 {
+		t.Fatalf("re-admitted grant minted %s after %s; want seq 2", again.Fence, first.Fence)
+	}
+	l.Commit(again, Fiber{})
+	if _, err := l.Lookup(first.Fence); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("the yielded fiber's id %s still resolves: %v", first.Fence, err)
+	}
+	// A new epoch may start the sequence over: its fences differ by epoch.
+	l.Yield("g")
+	l.SetEpoch(2)
+	l.Admit(testGrant("g", 2))
+	next, _, _ := l.Reserve("g", "", t0)
+	if next.Fence != (Fence{GrantUID: "g", Epoch: 2, Seq: 1}) {
+		t.Fatalf("first fence of epoch 2 = %s, want g/2/1", next.Fence)
+	}
+}
