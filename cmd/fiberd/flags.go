@@ -107,7 +107,7 @@ func parseFlags(args []string, env environ, usage io.Writer) (options, error) {
 	fs.DurationVar(&o.jwksMaxStale, "jwks-max-stale", grant.DefaultMaxStale, "how old the issuer's keys may grow before tokens are unverifiable (SHED)")
 	fs.DurationVar(&o.maxLease, "max-lease", 0, "refuse grants with a longer lease (0: any)")
 	fs.StringVar(&o.grantsDir, "grants-dir", "", "directory polled for *.jwt grant files (empty: grants arrive only inside Clone requests; under -dev <state>/grants)")
-	fs.StringVar(&o.templates, "templates", "", "directory of template specs, one <name>.json each (under -dev: examples/templates of this checkout)")
+	fs.StringVar(&o.templates, "templates", "", "directory of template specs, one <name>.json each (under -dev: default <state>/templates, written from examples/templates; given, -dev mints a grant per spec in it)")
 	family := fs.String("endpoint-family", "", "how fibers are reached: unix, inet4 or inet6 (default unix; inet4 under -dev and -home kubernetes)")
 	fs.StringVar(&o.endpointHost, "endpoint-host", "", "IP fibers listen on and advertise (default the family's loopback; the Pod IP under -home kubernetes)")
 	portRange := fs.String("port-range", fiberd.DefaultPortRange, "TCP ports of inet fibers, FIRST-LAST")

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"time"
 
 	"fiberd.io/fiberd/pkg/api"
@@ -50,7 +51,9 @@ func (a *Agent) clone(ctx context.Context, req api.CloneRequest, authed bool) (a
 	if named == "" {
 		uid, err := grant.PeekUID(token)
 		if err != nil {
-			return api.CloneResponse{}, "", fmt.Errorf("grant token: %v: %w", err, core.ErrUnauthenticated)
+			// PeekUID's error already names the token and its class
+			// (invalid); a token that is not one fails authentication.
+			return api.CloneResponse{}, "", fmt.Errorf("%s: %w", strings.TrimSuffix(err.Error(), ": "+core.ErrInvalid.Error()), core.ErrUnauthenticated)
 		}
 		named = uid
 	}
