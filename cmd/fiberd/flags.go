@@ -53,6 +53,7 @@ type options struct {
 	staleTTL              time.Duration
 	thrashRate            float64
 	thrashBurst           int
+	pressureThreshold     float64
 	tlsCert, tlsKey       string
 	clientCA              string
 	insecurePlaintext     bool
@@ -116,6 +117,7 @@ func parseFlags(args []string, env environ, usage io.Writer) (options, error) {
 	fs.DurationVar(&o.staleTTL, "stale-ttl", standalone.DefaultStaleTTL, "how long the control plane may be silent before misses turn from DEFERRED_FALLBACK to SHED")
 	fs.Float64Var(&o.thrashRate, "thrash-rate", fiberd.DefaultThrashRate, "Clones per second admitted in the long run; more are SHED")
 	fs.IntVar(&o.thrashBurst, "thrash-burst", fiberd.DefaultThrashBurst, "Clones admitted at once before the thrash rate applies")
+	fs.Float64Var(&o.pressureThreshold, "pressure-threshold", fiberd.DefaultPressureThreshold, "memory pressure of a grant's cgroup (PSI some avg10, percent) above which its Clones are SHED; 0 turns the check off")
 	fs.StringVar(&o.tlsCert, "tls-cert", "", "PEM server certificate of the TCP listener (with -tls-key and -client-ca)")
 	fs.StringVar(&o.tlsKey, "tls-key", "", "PEM key of -tls-cert")
 	fs.StringVar(&o.clientCA, "client-ca", "", "PEM CA bundle client certificates must chain to")
@@ -214,6 +216,9 @@ func (o *options) check(set map[string]bool, env environ) error {
 	}
 	if o.thrashBurst <= 0 {
 		return bad("thrash-burst", "%d is not positive", o.thrashBurst)
+	}
+	if !(o.pressureThreshold >= 0 && o.pressureThreshold <= 100) {
+		return bad("pressure-threshold", "%v is not a percentage from 0 to 100 (0 turns pressure shedding off)", o.pressureThreshold)
 	}
 	if o.endpointHost != "" {
 		ip := net.ParseIP(o.endpointHost)

@@ -36,7 +36,8 @@ func TestParseFlagsDefaults(t *testing.T) {
 		issuer: "https://issuer.example", templates: "/etc/fiberd/templates", listenSet: true,
 		jwksMaxStale: 24 * time.Hour, staleTTL: 30 * time.Second,
 		thrashRate: fiberd.DefaultThrashRate, thrashBurst: fiberd.DefaultThrashBurst,
-		endpointFamily: endpoint.Unix,
+		pressureThreshold: fiberd.DefaultPressureThreshold,
+		endpointFamily:    endpoint.Unix,
 	}
 	want.portRange, _ = endpoint.ParsePortRange(fiberd.DefaultPortRange)
 	if !reflect.DeepEqual(o, want) {
@@ -140,6 +141,22 @@ func TestParseFlagsModes(t *testing.T) {
 				}
 			},
 		},
+		{
+			name: "pressure threshold", args: append(standaloneArgs, "-pressure-threshold", "35.5"), env: testEnv,
+			check: func(t *testing.T, o options) {
+				if o.pressureThreshold != 35.5 {
+					t.Errorf("pressureThreshold %v, want 35.5", o.pressureThreshold)
+				}
+			},
+		},
+		{
+			name: "pressure shedding off", args: append(standaloneArgs, "-pressure-threshold", "0"), env: testEnv,
+			check: func(t *testing.T, o options) {
+				if o.pressureThreshold != 0 {
+					t.Errorf("pressureThreshold %v, want 0 (off)", o.pressureThreshold)
+				}
+			},
+		},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -191,6 +208,9 @@ func TestParseFlagsRefusals(t *testing.T) {
 		{"zero thrash rate", sa("-thrash-rate", "0"), testEnv, "-thrash-rate"},
 		{"negative thrash burst", sa("-thrash-burst", "-1"), testEnv, "-thrash-burst"},
 		{"thrash rate not a number", sa("-thrash-rate", "fast"), testEnv, "-thrash-rate"},
+		{"negative pressure threshold", sa("-pressure-threshold", "-5"), testEnv, "-pressure-threshold"},
+		{"pressure threshold over 100", sa("-pressure-threshold", "150"), testEnv, "-pressure-threshold"},
+		{"pressure threshold NaN", sa("-pressure-threshold", "NaN"), testEnv, "-pressure-threshold"},
 		{"tls cert alone", sa("-listen", "127.0.0.1:8484", "-tls-cert", "/c"), testEnv, "-tls-key"},
 		{"tls without client ca", sa("-tls-cert", "/c", "-tls-key", "/k"), testEnv, "-client-ca"},
 		{"tls and plaintext", sa("-listen", "127.0.0.1:1", "-tls-cert", "/c", "-tls-key", "/k", "-client-ca", "/ca", "-insecure-plaintext"), testEnv, "-insecure-plaintext"},

@@ -196,6 +196,7 @@ func build(ctx context.Context, o options, log logr.Logger) (*fiberd.Agent, erro
 		PortRange:                o.portRange,
 		ThrashRate:               o.thrashRate,
 		ThrashBurst:              o.thrashBurst,
+		PressureThreshold:        o.pressureThreshold,
 		Logger:                   log,
 		AdminUnsafe:              o.adminUnsafe,
 	})

@@ -47,6 +47,10 @@ type Agent struct {
 	tree      *cgroup.Tree        // nil without a cgroup root
 	host      string              // the endpoint host fibers listen on
 	metrics   *metrics
+	// readPressure reads a grant's pressure for pressureShed:
+	// cgroupPressure, replaced by tests before Run.
+	readPressure pressureReader
+	noPSI        sync.Once // "memory.pressure is absent" is logged once
 
 	apiTCP   net.Listener // nil when Listen is empty
 	apiUnix  net.Listener // nil when Socket is "-"
@@ -79,6 +83,8 @@ type grantRT struct {
 	devices core.DeviceChannel
 	warm    bool
 	warmErr error
+	// pressure is the cached reading of cg's pressure (see pressureShed).
+	pressure pressureCache
 }
 
 // fiberHandle is the agent's part of a running fiber, kept in the ledger's
@@ -107,15 +113,16 @@ func New(ctx context.Context, cfg Config) (a *Agent, err error) {
 	// a is a named result, so every "return nil, err" below sets it to nil
 	// before the deferred cleanup runs; the cleanup needs the agent itself.
 	agent := &Agent{
-		cfg:       cfg,
-		log:       cfg.Logger,
-		home:      cfg.Home,
-		templates: template.Dir(cfg.Templates),
-		limiter:   rate.NewLimiter(rate.Limit(cfg.ThrashRate), cfg.ThrashBurst),
-		stopping:  make(chan struct{}),
-		grants:    make(map[string]*grantRT),
-		gaps:      make(map[string]error),
-		changed:   make(chan struct{}),
+		cfg:          cfg,
+		log:          cfg.Logger,
+		home:         cfg.Home,
+		templates:    template.Dir(cfg.Templates),
+		limiter:      rate.NewLimiter(rate.Limit(cfg.ThrashRate), cfg.ThrashBurst),
+		readPressure: cgroupPressure,
+		stopping:     make(chan struct{}),
+		grants:       make(map[string]*grantRT),
+		gaps:         make(map[string]error),
+		changed:      make(chan struct{}),
 	}
 	a = agent
 	defer func() {

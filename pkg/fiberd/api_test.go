@@ -13,6 +13,7 @@ import (
 	"encoding/pem"
 	"errors"
 	"io"
+	"math"
 	"math/big"
 	"net"
 	"net/http"
@@ -199,6 +200,10 @@ func TestConfigValidate(t *testing.T) {
 		{"tls full", func(c *Config) { c.Listen = "0.0.0.0:8484"; c.TLSCert, c.TLSKey, c.ClientCA = "/c", "/k", "/ca" }, ""},
 		{"bad listen", func(c *Config) { c.Listen = "8484"; c.InsecurePlaintext = true }, "Listen"},
 		{"negative rate", func(c *Config) { c.ThrashRate = -1 }, "ThrashRate"},
+		{"pressure threshold", func(c *Config) { c.PressureThreshold = DefaultPressureThreshold }, ""},
+		{"negative pressure threshold", func(c *Config) { c.PressureThreshold = -1 }, "PressureThreshold"},
+		{"pressure threshold over 100", func(c *Config) { c.PressureThreshold = 100.5 }, "PressureThreshold"},
+		{"pressure threshold NaN", func(c *Config) { c.PressureThreshold = math.NaN() }, "PressureThreshold"},
 		{"endpoint host family", func(c *Config) { c.EndpointFamily = 1; c.EndpointHost = "::1" }, "EndpointHost"},
 		{"admin unsafe", func(c *Config) { c.AdminUnsafe = true }, map[bool]string{true: "", false: "AdminUnsafe"}[TestHooks]},
 	}

@@ -21,10 +21,11 @@ import (
 )
 
 // clone serves one Clone (ARCHITECTURE 4.3): resolve and verify the grant
-// (admitting it when new), the thrash budget, then under the session's
-// gate attach to a running session or reserve a slot, bind the fiber's
-// listener, carve its leaf, fork it under the deadline and commit. authed
-// says whether the caller is authenticated, which self-admission needs.
+// (admitting it when new), the thrash budget, the grant cgroup's memory
+// pressure (pressureShed), then under the session's gate attach to a
+// running session or reserve a slot, bind the fiber's listener, carve its
+// leaf, fork it under the deadline and commit. authed says whether the
+// caller is authenticated, which self-admission needs.
 //
 // Errors: core.ErrInvalid (400), core.ErrUnauthenticated (401),
 // core.ErrTierGap (412), a *core.Miss (429 SHED / 503 DEFERRED_FALLBACK),
@@ -86,11 +87,16 @@ func (a *Agent) clone(ctx context.Context, req api.CloneRequest, authed bool) (a
 		}
 	}
 
+	// The thrash budget and pressure are always SHED (ARCHITECTURE 4.3),
+	// whatever the lane's health.
 	if !a.limiter.AllowN(a.cfg.Clock.Now(), 1) {
 		return api.CloneResponse{}, "", core.Shed("thrash budget exhausted: too many Clones per second on this home", a.cfg.Issuer, a.cfg.RetryAfter)
 	}
 	if err := a.gapOf(uid); err != nil {
 		return api.CloneResponse{}, "", err
+	}
+	if m := a.pressureShed(uid); m != nil {
+		return api.CloneResponse{}, "", m
 	}
 
 	unlock := a.ledger.LockSession(uid, req.Session)

@@ -30,6 +30,13 @@ const (
 	// DefaultThrashBurst is how many Clones the thrash budget admits at
 	// once.
 	DefaultThrashBurst = 200
+	// DefaultPressureThreshold is the memory pressure (PSI "some avg10", in
+	// percent) above which cmd/fiberd's -pressure-threshold sheds a
+	// grant's Clones unless the flag says otherwise: the grant's tasks
+	// stalled on memory for more than 6 of the last 10 seconds, deep in
+	// reclaim, where another fiber would only deepen it. Config itself
+	// reads a zero PressureThreshold as "off".
+	DefaultPressureThreshold = 60
 	// DefaultRetryAfter is the back-off a SHED asks for when the miss
 	// names none.
 	DefaultRetryAfter = time.Second
@@ -135,6 +142,18 @@ type Config struct {
 	// ThrashBurst is the Clones the thrash budget admits at once. Default
 	// DefaultThrashBurst.
 	ThrashBurst int
+	// PressureThreshold is the memory pressure, in percent (0 to 100), above
+	// which a Clone of a grant is SHED whatever the lane's health: the
+	// "some avg10" of memory.pressure in the grant's cgroup, the share of
+	// the last 10 seconds in which at least one of its tasks was stalled
+	// waiting for memory. A Clone is never shed for pressure when the
+	// home has no cgroup root, when the kernel offers no memory.pressure
+	// (logged once), or when the file cannot be read (logged); CPU
+	// pressure never sheds. One reading per grant is reused for a second
+	// on Clock, so a burst costs one read. Zero (the default) turns the
+	// check off; cmd/fiberd defaults its -pressure-threshold flag to
+	// DefaultPressureThreshold. Validate refuses a value outside [0, 100].
+	PressureThreshold float64
 	// RetryAfter is the Retry-After of a SHED that names no back-off of its
 	// own. Default DefaultRetryAfter. Sent in whole seconds, at least 1.
 	RetryAfter time.Duration
@@ -233,6 +252,8 @@ func (c Config) Validate() error {
 		return bad("ThrashRate %v is negative: use 0 for the default %d/s", c.ThrashRate, DefaultThrashRate)
 	case c.ThrashBurst < 0:
 		return bad("ThrashBurst %d is negative: use 0 for the default %d", c.ThrashBurst, DefaultThrashBurst)
+	case !(c.PressureThreshold >= 0 && c.PressureThreshold <= 100):
+		return bad("PressureThreshold %v is not a percentage from 0 to 100: set -pressure-threshold to one, or 0 to turn pressure shedding off", c.PressureThreshold)
 	case c.RetryAfter < 0:
 		return bad("RetryAfter %v is negative: use 0 for the default %v", c.RetryAfter, DefaultRetryAfter)
 	case c.CloneDeadline < 0:

@@ -15,10 +15,12 @@
 // false); a lapsed lease is yielded by the reaper (every ReapInterval, 5 s).
 //
 // A fiber goes created -> running -> released | exited. Clone checks the
-// thrash budget, takes the session's gate (a running session is attached,
-// not created twice), reserves a slot (fibers.max is never exceeded), binds
-// the fiber's listener, carves its leaf cgroup, forks it on the backend under
-// the deadline, and commits; the commit is refused when the grant entry or
+// thrash budget and the memory pressure of the grant's cgroup (PSI "some
+// avg10" of memory.pressure above Config.PressureThreshold, read at most
+// once a second per grant), takes the session's gate (a running session is
+// attached, not created twice), reserves a slot (fibers.max is never
+// exceeded), binds the fiber's listener, carves its leaf cgroup, forks it on
+// the backend under the deadline, and commits; the commit is refused when the grant entry or
 // the epoch changed meanwhile, and the new fiber is then released. A fiber
 // that exits frees its slot.
 //
@@ -46,7 +48,8 @@
 // fault. A capacity miss (unknown, denied or lapsed grant, at fibers.max,
 // template not warm) is DEFERRED_FALLBACK while the home's lane is healthy
 // and SHED while stale; an unverifiable token (issuer keys never loaded or
-// stale), the thrash budget and pressure are always SHED. Every miss body names its code and the issuer.
+// stale), the thrash budget and memory pressure are always SHED. Every miss
+// body names its code and the issuer.
 //
 // Callers are authenticated by their connection: the unix socket (mode
 // 0600) and a TLS 1.3 listener requiring client certificates count as

@@ -49,6 +49,7 @@ type fakeHome struct {
 	own     []byte
 	selfUID string
 	noLane  bool
+	cgroup  string // CgroupRoot; "" for none
 
 	mu        sync.Mutex
 	ready     map[string]bool
@@ -81,7 +82,7 @@ func (h *fakeHome) Grants(ctx context.Context) (<-chan home.GrantEvent, error) {
 	return h.lane, nil
 }
 func (h *fakeHome) Health() *core.SourceHealth { return h.health }
-func (h *fakeHome) CgroupRoot() string         { return "" }
+func (h *fakeHome) CgroupRoot() string         { return h.cgroup }
 func (h *fakeHome) Devices(ctx context.Context, g core.Grant) (core.DeviceChannel, func(), error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -189,6 +190,7 @@ type env struct {
 	stop     func()
 	runErr   chan error
 	stateDir string
+	pressure pressureReader // replaces the agent's readPressure when set
 }
 
 type envOption func(*env)
@@ -279,6 +281,9 @@ func (e *env) start() {
 	a, err := New(context.Background(), e.cfg)
 	must(t, err)
 	e.agent = a
+	if e.pressure != nil {
+		a.readPressure = e.pressure // before Run: no Clone reads it yet
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	e.runErr = make(chan error, 1)
 	go func() { e.runErr <- a.Run(ctx) }()

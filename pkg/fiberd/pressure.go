@@ -1,0 +1,120 @@
+package fiberd
+
+import (
+	"fmt"
+	"sync"
+	"time"
+
+	"fiberd.io/fiberd/pkg/cgroup"
+	"fiberd.io/fiberd/pkg/core"
+)
+
+// pressureInterval is how long one pressure reading of a grant's cgroup is
+// reused, on the agent's clock: a burst of Clones costs one read of
+// memory.pressure per grant per interval.
+const pressureInterval = time.Second
+
+// pressureReader reads the pressure of admitted grant uid, whose cgroup is
+// cg (nil when the home has no cgroup root or the grant has none yet). ok is
+// false when there is nothing to read; the Clone is then not checked. The
+// agent's is cgroupPressure; tests replace Agent.readPressure with one that
+// reads hand-written files.
+type pressureReader func(uid string, cg *cgroup.Grant) (p cgroup.Pressure, ok bool, err error)
+
+// cgroupPressure is the pressureReader of a running agent: the PSI figures
+// of the grant's cgroup directory (its zygote and every fiber below it).
+// A grant without a cgroup has nothing to read. Files the kernel does not
+// offer are not an error (Has* false); an unreadable or malformed one is.
+func cgroupPressure(uid string, cg *cgroup.Grant) (cgroup.Pressure, bool, error) {
+	if cg == nil {
+		return cgroup.Pressure{}, false, nil
+	}
+	p, err := cg.Dir.Pressure()
+	if err != nil {
+		return cgroup.Pressure{}, true, fmt.Errorf("grant %q: pressure: %w", uid, err)
+	}
+	return p, true, nil
+}
+
+// pressureCache is the last pressure reading of one admitted grant, kept on
+// its grantRT so it ends with the grant. mu is held across a read, so
+// Clones arriving together wait for one read rather than making their own.
+type pressureCache struct {
+	mu   sync.Mutex
+	at   time.Time // when the reading was taken; zero before the first
+	p    cgroup.Pressure
+	err  error
+	over bool // the reading was above the threshold (for logging changes)
+}
+
+// pressureShed is the memory-pressure check of a Clone of grant uid
+// (ARCHITECTURE 4.3: pressure is always SHED). It returns a SHED with
+// Config.RetryAfter when the "some avg10" of the grant cgroup's
+// memory.pressure is above Config.PressureThreshold, and nil when it is not,
+// when the threshold is 0 (off), when uid is not admitted (Reserve will
+// miss it), when the grant has no cgroup, when the kernel offers no
+// memory.pressure (logged once per agent) or when the file cannot be read
+// (logged when it starts failing): the check never refuses a Clone it
+// cannot justify. CPU pressure is read but never sheds: a grant whose fibers
+// use their whole CPU share stalls on CPU by design, and another fiber
+// costs it time, not memory the kernel must reclaim.
+//
+// A reading is reused for pressureInterval on the agent's clock. clone
+// calls it after the thrash budget and before the session is resolved, so
+// like the thrash budget it refuses attaches too.
+func (a *Agent) pressureShed(uid string) *core.Miss {
+	limit := a.cfg.PressureThreshold
+	if limit == 0 {
+		return nil
+	}
+	a.mu.Lock()
+	rt := a.grants[uid]
+	var cg *cgroup.Grant
+	if rt != nil {
+		cg = rt.cg
+	}
+	a.mu.Unlock()
+	if rt == nil {
+		return nil
+	}
+
+	c := &rt.pressure
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	now := a.cfg.Clock.Now()
+	if c.at.IsZero() || now.Sub(c.at) >= pressureInterval || now.Before(c.at) {
+		a.refreshPressure(uid, cg, c, now)
+	}
+	if !c.over {
+		return nil
+	}
+	return core.Shed(fmt.Sprintf("grant %q is under memory pressure: some avg10 %.2f%% is above the threshold of %g%%", uid, c.p.Memory, limit),
+		a.cfg.Issuer, a.cfg.RetryAfter)
+}
+
+// refreshPressure takes a new reading into c (whose mu the caller holds)
+// and logs what changed: PSI missing (once per agent), a read starting or
+// ceasing to fail, the grant crossing the threshold either way.
+func (a *Agent) refreshPressure(uid string, cg *cgroup.Grant, c *pressureCache, now time.Time) {
+	p, ok, err := a.readPressure(uid, cg)
+	log := a.log.WithValues("grant", uid)
+	switch {
+	case err != nil && c.err == nil:
+		log.Error(err, "Cannot read the grant's memory pressure; its Clones are not shed for pressure until it can be read")
+	case err == nil && c.err != nil:
+		log.Info("Grant's memory pressure readable again")
+	}
+	if ok && err == nil && !p.HasMemory {
+		a.noPSI.Do(func() {
+			log.Info("memory.pressure is absent (no PSI for memory); Clones are not shed for memory pressure")
+		})
+	}
+	over := ok && err == nil && p.HasMemory && p.Memory > a.cfg.PressureThreshold
+	switch {
+	case over && !c.over:
+		log.Info("Grant under memory pressure; shedding its Clones", "someAvg10", p.Memory, "threshold", a.cfg.PressureThreshold)
+	case !over && c.over:
+		log.Info("Grant's memory pressure relieved; serving its Clones", "someAvg10", p.Memory, "threshold", a.cfg.PressureThreshold)
+	}
+	c.at, c.p, c.err, c.over = now, p, err, over
+}
