@@ -30,13 +30,8 @@ vet: ## go vet (every build tag) and gofmt.
 	$(GO) vet $(E2E_TAGS) ./test/e2e/...
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 
-fuzz: ## Run every fuzz target for FUZZTIME each.
-	@set -e; for pkg in $$($(GO) list ./...); do \
-	  for f in $$($(GO) test -list '^Fuzz' $$pkg | grep '^Fuzz' || true); do \
-	    echo "== $$pkg $$f ($(FUZZTIME))"; \
-	    $(GO) test -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME) $$pkg; \
-	  done; \
-	done
+fuzz: ## Run every fuzz target for FUZZTIME each (hack/fuzz.sh).
+	FUZZTIME=$(FUZZTIME) hack/fuzz.sh
 
 kube-tools: ## Build kube-apiserver, kubectl and etcd into $(FIBERD_KUBE_CACHE)/bin (a no-op when current).
 	hack/kube-tools.sh "$(FIBERD_KUBE_CACHE)"
