@@ -11,13 +11,13 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/go-logr/logr"
-	"github.com/go-logr/logr/funcr"
+
+	"fiberd.io/fiberd/internal/logtest"
 )
 
 // testCgroup makes an empty cgroup for this test, named after t.Name(),
@@ -145,32 +145,6 @@ func event(t *testing.T, dir, key string) string {
 	return v
 }
 
-// logLines is a logger that records its lines.
-type logLines struct {
-	mu    sync.Mutex
-	lines []string
-}
-
-func (l *logLines) logger() logr.Logger {
-	return funcr.New(func(prefix, args string) {
-		l.mu.Lock()
-		defer l.mu.Unlock()
-		l.lines = append(l.lines, args)
-	}, funcr.Options{})
-}
-
-func (l *logLines) count(sub string) int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	n := 0
-	for _, s := range l.lines {
-		if strings.Contains(s, sub) {
-			n++
-		}
-	}
-	return n
-}
-
 func testCtx(t *testing.T) context.Context {
 	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
 	t.Cleanup(cancel)
@@ -205,8 +179,8 @@ func TestMountAndSelf(t *testing.T) {
 func TestTreeGrantFiberLifecycle(t *testing.T) {
 	dir := testCgroup(t)
 	ctx := testCtx(t)
-	var logs logLines
-	tree, err := NewTree(Config{Root: dir, Logger: logs.logger()})
+	var logs logtest.Recorder
+	tree, err := NewTree(Config{Root: dir, Logger: logs.Logger()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -232,8 +206,8 @@ func TestTreeGrantFiberLifecycle(t *testing.T) {
 		t.Fatalf("Grant(../escape) succeeded")
 	}
 	if !slices.Contains(readWords(t, filepath.Join(dir, "cgroup.controllers")), "memory") {
-		if n := logs.count(`"controller"="memory"`); n != 1 {
-			t.Errorf("missing memory controller logged %d times, want once: %q", n, logs.lines)
+		if n := logs.Count(`"controller"="memory"`); n != 1 {
+			t.Errorf("missing memory controller logged %d times, want once: %q", n, logs.Lines())
 		}
 	}
 
@@ -481,8 +455,8 @@ func TestDelegate(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	var logs logLines
-	grants, err := Delegate(root, logs.logger())
+	var logs logtest.Recorder
+	grants, err := Delegate(root, logs.Logger())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -498,8 +472,8 @@ func TestDelegate(t *testing.T) {
 	wantAllEnabled(t, root)
 	wantAllEnabled(t, grants)
 	if !slices.Contains(readWords(t, filepath.Join(root, "cgroup.controllers")), "memory") {
-		if n := logs.count(`"controller"="memory"`); n != 1 {
-			t.Errorf("missing memory controller logged %d times, want once: %q", n, logs.lines)
+		if n := logs.Count(`"controller"="memory"`); n != 1 {
+			t.Errorf("missing memory controller logged %d times, want once: %q", n, logs.Lines())
 		}
 	}
 

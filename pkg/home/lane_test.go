@@ -8,15 +8,15 @@ import (
 	"path/filepath"
 	"reflect"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/go-logr/logr"
-	"github.com/go-logr/logr/funcr"
 	"go.uber.org/goleak"
 	clocktesting "k8s.io/utils/clock/testing"
+
+	"fiberd.io/fiberd/internal/logtest"
 )
 
 func TestMain(m *testing.M) {
@@ -33,44 +33,13 @@ func peek(token []byte) (string, error) {
 	return uid, nil
 }
 
-// logLines records the lane's log lines.
-type logLines struct {
-	mu    sync.Mutex
-	lines []string
-}
-
-func (l *logLines) logger() logr.Logger {
-	return funcr.New(func(prefix, args string) {
-		l.mu.Lock()
-		defer l.mu.Unlock()
-		l.lines = append(l.lines, args)
-	}, funcr.Options{})
-}
-
-// count is the number of lines that contain every one of subs.
-func (l *logLines) count(subs ...string) int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	n := 0
-next:
-	for _, line := range l.lines {
-		for _, s := range subs {
-			if !strings.Contains(line, s) {
-				continue next
-			}
-		}
-		n++
-	}
-	return n
-}
-
-func newTestLane(t *testing.T, dir string, peekUID func([]byte) (string, error)) (*FileLane, *logLines) {
+func newTestLane(t *testing.T, dir string, peekUID func([]byte) (string, error)) (*FileLane, *logtest.Recorder) {
 	t.Helper()
-	logs := &logLines{}
+	logs := &logtest.Recorder{}
 	l, err := NewFileLane(FileLaneConfig{
 		Dir:     dir,
 		Clock:   clocktesting.NewFakeClock(time.Unix(1_800_000_000, 0)),
-		Logger:  logs.logger(),
+		Logger:  logs.Logger(),
 		PeekUID: peekUID,
 	})
 	if err != nil {
@@ -233,7 +202,7 @@ func TestPollSkipsWhatIsNotARegularFile(t *testing.T) {
 		}
 	}
 	for _, kind := range []string{"fifo.jwt", "dir.jwt", "sock.jwt", "dev.jwt"} {
-		if n := logs.count("Skipping", kind, "not a regular file"); n != 1 {
+		if n := logs.Count("Skipping", kind, "not a regular file"); n != 1 {
 			t.Errorf("%s logged %d times over 3 polls, want once", kind, n)
 		}
 	}
@@ -251,7 +220,7 @@ func TestPollMalformedLoggedOnceThenFixed(t *testing.T) {
 			t.Fatalf("poll %d: events %v for a malformed file", i, got)
 		}
 	}
-	if n := logs.count("Skipping", "bad.jwt", "malformed"); n != 1 {
+	if n := logs.Count("Skipping", "bad.jwt", "malformed"); n != 1 {
 		t.Errorf("malformed file logged %d times over 3 polls, want once", n)
 	}
 	if calls != 1 {
@@ -266,7 +235,7 @@ func TestPollMalformedLoggedOnceThenFixed(t *testing.T) {
 	if got, want := summarize(t, dir, pollNow(t, l)), []ev{{GrantRemoved, "fixed", "bad.jwt"}}; !reflect.DeepEqual(got, want) {
 		t.Fatalf("broken file: events %v, want %v", got, want)
 	}
-	if n := logs.count("Skipping", "bad.jwt", "malformed"); n != 2 {
+	if n := logs.Count("Skipping", "bad.jwt", "malformed"); n != 2 {
 		t.Errorf("malformed copies logged %d times, want 2", n)
 	}
 }
@@ -284,7 +253,7 @@ func TestPollTokenCap(t *testing.T) {
 	if !reflect.DeepEqual(peeked, []int{MaxTokenSize}) {
 		t.Errorf("PeekUID saw tokens of %v bytes, want only the one of %d", peeked, MaxTokenSize)
 	}
-	if n := logs.count("Skipping", "big.jwt", "token cap"); n != 1 {
+	if n := logs.Count("Skipping", "big.jwt", "token cap"); n != 1 {
 		t.Errorf("oversized file logged %d times over 2 polls, want once", n)
 	}
 }

@@ -18,6 +18,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"fiberd.io/fiberd/internal/repotest"
 )
 
 // Bounds of the check. A document that runs longer has a command that hangs.
@@ -26,25 +28,6 @@ const (
 	devReadyWait = 3 * time.Minute
 	outputTail   = 60
 )
-
-// repoRoot is the module root, found upward from the package directory.
-func repoRoot(t *testing.T) string {
-	t.Helper()
-	dir, err := os.Getwd()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			return dir
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			t.Fatal("no go.mod above the working directory")
-		}
-		dir = parent
-	}
-}
 
 // documents are the files docs-check reads: README.md and docs/*.md, by path
 // relative to the root.
@@ -237,7 +220,7 @@ func TestDocs(t *testing.T) {
 		t.Skip("docs-check starts fiberd and runs every document; skipped under -short")
 	}
 	needTools(t, "bash", "curl", "cc", "python3", "jq", "base64", "sha256sum")
-	root := repoRoot(t)
+	root := repotest.Root(t)
 	bin := binaries(t, root)
 	work, err := os.MkdirTemp("", "fiberd-docs-")
 	if err != nil {
@@ -456,7 +439,7 @@ func scrapeMetrics(t *testing.T, socket string) []string {
 // table of docs/operations.md, and every row there is a flag of fiberd (or
 // of its testhooks build, which says so).
 func TestFlagsDocumented(t *testing.T) {
-	root := repoRoot(t)
+	root := repotest.Root(t)
 	bin := binaries(t, root)
 	cmd := exec.Command(filepath.Join(bin, "fiberd"), "-h")
 	var usage bytes.Buffer
@@ -503,7 +486,7 @@ func TestFlagsDocumented(t *testing.T) {
 // TestRoutesDocumented: every route pkg/fiberd registers, on the API or the
 // admin socket, is named in docs/api.md as `METHOD /path`.
 func TestRoutesDocumented(t *testing.T) {
-	root := repoRoot(t)
+	root := repotest.Root(t)
 	files, err := filepath.Glob(filepath.Join(root, "pkg", "fiberd", "*.go"))
 	if err != nil {
 		t.Fatal(err)
@@ -538,7 +521,7 @@ func TestRoutesDocumented(t *testing.T) {
 // and bench blocks pass `bash -n` and name only repository paths that
 // exist; log lines quoted in `text logs` blocks are messages of the code.
 func TestStaticChecks(t *testing.T) {
-	root := repoRoot(t)
+	root := repotest.Root(t)
 	needTools(t, "bash")
 	linkRE := regexp.MustCompile(`\]\(([^)\s]+)\)`)
 	pathRE := regexp.MustCompile(`(?:^|[\s="'(])((?:deploy|examples|hack|sdk|cmd|pkg|docs|test)/[A-Za-z0-9._/-]*[A-Za-z0-9_/-])`)

@@ -13,6 +13,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 
+	"fiberd.io/fiberd/internal/repotest"
 	"fiberd.io/fiberd/pkg/template"
 )
 
@@ -20,7 +21,7 @@ import (
 // template spec the Dockerfile bakes in, its token's audience is the issuer's URL, and every path
 // the Dockerfile copies exists. (Each manifest is also applied to a real API server by newRig.)
 func TestManifestsAgree(t *testing.T) {
-	root := repoRoot(t)
+	root := repotest.Root(t)
 	pod := manifest(t, "grant-pod.yaml")[0].(*corev1.Pod)
 
 	spec, err := os.ReadFile(filepath.Join(root, "deploy", "kubernetes", "templates", "counter.json"))

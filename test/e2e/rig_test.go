@@ -38,6 +38,7 @@ import (
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/client-go/kubernetes/scheme"
 
+	"fiberd.io/fiberd/internal/repotest"
 	"fiberd.io/fiberd/pkg/api"
 	"fiberd.io/fiberd/pkg/client"
 	"fiberd.io/fiberd/pkg/template"
@@ -61,25 +62,6 @@ const (
 	processStopGrace = 15 * time.Second
 )
 
-// ---------------------------------------------------------------------------------- repository
-
-// repoRoot is the module root, found from the package directory.
-func repoRoot(t testing.TB) string {
-	t.Helper()
-	wd, err := os.Getwd()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for dir := wd; ; dir = filepath.Dir(dir) {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			return dir
-		}
-		if filepath.Dir(dir) == dir {
-			t.Fatalf("no go.mod above %s", wd)
-		}
-	}
-}
-
 // ------------------------------------------------------------------------------------ binaries
 
 var binaries struct {
@@ -101,7 +83,7 @@ func bin(t testing.TB, name string) string {
 		}
 		binaries.dir = dir
 		cmd := exec.Command("go", "build", "-o", dir+"/", "./cmd/fiberd", "./cmd/fiberctl", "./cmd/grant-issuer")
-		cmd.Dir = repoRoot(t)
+		cmd.Dir = repotest.Root(t)
 		out, err := cmd.CombinedOutput()
 		if err != nil {
 			binaries.err = fmt.Errorf("go build: %v\n%s", err, out)
@@ -118,7 +100,7 @@ func bin(t testing.TB, name string) string {
 // manifest reads deploy/kubernetes/<name> into typed objects, in file order.
 func manifest(t testing.TB, name string) []runtime.Object {
 	t.Helper()
-	raw, err := os.ReadFile(filepath.Join(repoRoot(t), "deploy", "kubernetes", name))
+	raw, err := os.ReadFile(filepath.Join(repotest.Root(t), "deploy", "kubernetes", name))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -754,7 +736,7 @@ func requirePython(t testing.TB) string {
 // returns the grant's reference to it, name@sha256:<digest>.
 func writeTemplate(t testing.TB, dir, python string) string {
 	t.Helper()
-	root := repoRoot(t)
+	root := repotest.Root(t)
 	spec := map[string]any{
 		"command": python,
 		"args":    []string{filepath.Join(root, "examples", "templates", "python", "counter.py")},

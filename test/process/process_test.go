@@ -20,6 +20,7 @@ import (
 	"testing"
 	"time"
 
+	"fiberd.io/fiberd/internal/repotest"
 	"fiberd.io/fiberd/pkg/api"
 	"fiberd.io/fiberd/pkg/cgroup"
 )
@@ -37,7 +38,7 @@ func TestDevDaemon(t *testing.T) {
 			t.Skipf("%s is not on PATH: the test builds fiberd and the example templates with it", tool)
 		}
 	}
-	root := moduleRoot(t)
+	root := repotest.Root(t)
 	bin := t.TempDir()
 	build(t, root, bin)
 	state := t.TempDir()
@@ -414,24 +415,6 @@ func removeCgroup(t *testing.T, dir string) {
 	}
 	if _, err := os.Stat(dir); err == nil {
 		t.Errorf("cannot remove the test cgroup %s", dir)
-	}
-}
-
-// moduleRoot is the directory of go.mod above the test's directory.
-func moduleRoot(t *testing.T) string {
-	dir, err := os.Getwd()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			return dir
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			t.Fatal("no go.mod above the working directory")
-		}
-		dir = parent
 	}
 }
 

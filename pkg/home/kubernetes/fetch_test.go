@@ -7,7 +7,6 @@ import (
 	"crypto/rand"
 	"crypto/x509"
 	"crypto/x509/pkix"
-	"encoding/json"
 	"encoding/pem"
 	"errors"
 	"io"
@@ -24,7 +23,9 @@ import (
 
 	clocktesting "k8s.io/utils/clock/testing"
 
+	"fiberd.io/fiberd/internal/logtest"
 	"fiberd.io/fiberd/pkg/grant"
+	"fiberd.io/fiberd/pkg/grant/granttest"
 	"fiberd.io/fiberd/pkg/home/kubernetes"
 )
 
@@ -411,21 +412,21 @@ func TestRefusedFetchLogsTheBodysFirstLine(t *testing.T) {
 			srv.setRespond(func(int) (int, []byte) {
 				return code, []byte("token audience is not the controller\nsecond line with details")
 			})
-			var logs logSink
+			logs := logtest.Recorder{Verbosity: 1}
 			k := newWorld()
 			clk := newClock()
 			cfg := baseConfig(t, k, clk)
 			srv.configure(t, &cfg)
-			cfg.Logger = logs.logger()
+			cfg.Logger = logs.Logger()
 			cfg.GrantFetchTimeout = time.Second
 			_, err := newAsync(t, context.Background(), cfg, clk, 250*time.Millisecond)
 			if err == nil {
 				t.Fatal("New succeeded on a refusal")
 			}
-			if len(logs.matching("token audience is not the controller")) == 0 {
+			if len(logs.Matching("token audience is not the controller")) == 0 {
 				t.Fatal("the refusal's first line was not logged")
 			}
-			if len(logs.matching("second line")) != 0 {
+			if len(logs.Matching("second line")) != 0 {
 				t.Fatal("more than the first line was logged")
 			}
 		})
@@ -497,49 +498,15 @@ func TestRunRenewsAtHalfTheLease(t *testing.T) {
 	})
 }
 
-// issuer serves OIDC discovery and a JWKS over plain HTTP on loopback, and
-// counts discovery requests.
-type issuer struct {
-	*httptest.Server
-	mu   sync.Mutex
-	hits int
-}
-
-func newIssuer(t *testing.T) *issuer {
-	t.Helper()
-	key, err := grant.GenerateKey("EdDSA", "k1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	jwks, err := grant.PublicJWKS(key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	iss := &issuer{}
-	iss.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		switch r.URL.Path {
-		case "/.well-known/openid-configuration":
-			iss.mu.Lock()
-			iss.hits++
-			iss.mu.Unlock()
-			_ = json.NewEncoder(w).Encode(map[string]string{"issuer": iss.URL, "jwks_uri": iss.URL + "/jwks"})
-		case "/jwks":
-			_, _ = w.Write(jwks)
-		default:
-			http.NotFound(w, r)
-		}
-	}))
+// newIssuer starts a test issuer on loopback, closed when the test ends.
+func newIssuer(t *testing.T) *granttest.Issuer {
+	iss := granttest.NewIssuer(granttest.Options{})
 	t.Cleanup(iss.Close)
 	return iss
 }
 
-func (iss *issuer) count() int {
-	iss.mu.Lock()
-	defer iss.mu.Unlock()
-	return iss.hits
-}
-
-func (iss *issuer) cache(t *testing.T) *grant.Cache {
+// issuerCache is a key cache of iss.
+func issuerCache(t *testing.T, iss *granttest.Issuer) *grant.Cache {
 	t.Helper()
 	c, err := grant.NewCache(iss.URL, grant.CacheOptions{Logger: quiet(), HTTPClient: iss.Client()})
 	if err != nil {
@@ -551,13 +518,13 @@ func (iss *issuer) cache(t *testing.T) *grant.Cache {
 // Cache: "refreshed in the background while the home runs", each poll.
 func TestRunRefreshesTheKeyCache(t *testing.T) {
 	iss := newIssuer(t)
-	c := iss.cache(t)
+	c := issuerCache(t, iss)
 	h, k, clk := newHome(t, func(cfg *kubernetes.Config) { cfg.Cache = c })
 	run(t, h)
-	eventually(t, "the first refresh", func() bool { return iss.count() == 1 && !c.LastRefresh().IsZero() })
+	eventually(t, "the first refresh", func() bool { return iss.DiscoveryHits() == 1 && !c.LastRefresh().IsZero() })
 	rounds(t, k, 1)
 	tick(t, clk, 15*time.Second)
-	eventually(t, "the second refresh", func() bool { return iss.count() == 2 })
+	eventually(t, "the second refresh", func() bool { return iss.DiscoveryHits() == 2 })
 }
 
 // The overview: the home "writes it into the grants directory. The

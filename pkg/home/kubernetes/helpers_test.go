@@ -5,7 +5,6 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -69,37 +68,6 @@ func newWorld() *fake.Kube {
 	k.SetPod(newPod())
 	k.SetNamespace(newNamespace())
 	return k
-}
-
-// logSink collects log lines for tests that assert what was logged.
-type logSink struct {
-	mu    sync.Mutex
-	lines []string
-}
-
-func (s *logSink) logger() logr.Logger {
-	return funcr.New(func(prefix, args string) {
-		s.mu.Lock()
-		defer s.mu.Unlock()
-		s.lines = append(s.lines, prefix+" "+args)
-	}, funcr.Options{Verbosity: 1})
-}
-
-// matching are the lines containing every one of subs.
-func (s *logSink) matching(subs ...string) []string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	var out []string
-next:
-	for _, l := range s.lines {
-		for _, sub := range subs {
-			if !strings.Contains(l, sub) {
-				continue next
-			}
-		}
-		out = append(out, l)
-	}
-	return out
 }
 
 // quiet is a logger that drops every line (logr.Discard() would mean the

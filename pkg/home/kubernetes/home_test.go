@@ -12,6 +12,7 @@ import (
 	"go.uber.org/goleak"
 	corev1 "k8s.io/api/core/v1"
 
+	"fiberd.io/fiberd/internal/logtest"
 	"fiberd.io/fiberd/pkg/core"
 	"fiberd.io/fiberd/pkg/endpoint"
 	"fiberd.io/fiberd/pkg/fiberd"
@@ -205,8 +206,8 @@ func TestEndpointHostWaitsForTheAddress(t *testing.T) {
 // "It returns "" when the Pod has no address of that family in time, and
 // logs the last read error once when it gives up."
 func TestEndpointHostGivesUpAfterPodIPWait(t *testing.T) {
-	var logs logSink
-	h, k, clk := newHome(t, func(c *kubernetes.Config) { c.Family = endpoint.Inet6; c.Logger = logs.logger() })
+	logs := logtest.Recorder{Verbosity: 1}
+	h, k, clk := newHome(t, func(c *kubernetes.Config) { c.Family = endpoint.Inet6; c.Logger = logs.Logger() })
 	k.Fail(fake.GetPod, errors.New("kubelet has not written it"))
 	got := make(chan string, 1)
 	go func() { got <- h.EndpointHost() }()
@@ -223,7 +224,7 @@ func TestEndpointHostGivesUpAfterPodIPWait(t *testing.T) {
 			if n := k.Calls(fake.GetPod); n != 181 {
 				t.Errorf("%d Pod reads in 90s, want 181 (one at once, then one per 500ms)", n)
 			}
-			if n := len(logs.matching("kubelet has not written it")); n != 1 {
+			if n := len(logs.Matching("kubelet has not written it")); n != 1 {
 				t.Fatalf("the read error was logged %d times, want once", n)
 			}
 			return
@@ -456,7 +457,7 @@ func TestRunLeavesNoGoroutine(t *testing.T) {
 	iss := newIssuer(t)
 	h, k, clk := newHome(t, func(c *kubernetes.Config) {
 		srv.configure(t, c)
-		c.Cache = iss.cache(t)
+		c.Cache = issuerCache(t, iss)
 	})
 	h.OnScopeLost(func(context.Context, string) {})
 	k.DeletePod(testNS, testPod)

@@ -12,6 +12,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
+	"fiberd.io/fiberd/internal/logtest"
 	"fiberd.io/fiberd/pkg/home/kubernetes"
 	"fiberd.io/fiberd/pkg/home/kubernetes/fake"
 )
@@ -452,8 +453,8 @@ func TestSetIssuerReachableOutlastsRoundInFlight(t *testing.T) {
 
 // Run: "A second Run logs and returns at once, as a shared informer does."
 func TestSecondRunReturnsAtOnce(t *testing.T) {
-	var logs logSink
-	h, k, clk := newHome(t, func(c *kubernetes.Config) { c.Logger = logs.logger() })
+	logs := logtest.Recorder{Verbosity: 1}
+	h, k, clk := newHome(t, func(c *kubernetes.Config) { c.Logger = logs.Logger() })
 	run(t, h)
 	rounds(t, k, 1)
 	done := make(chan struct{})
@@ -466,7 +467,7 @@ func TestSecondRunReturnsAtOnce(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("a second Run did not return")
 	}
-	if len(logs.matching("Run called again")) != 1 {
+	if len(logs.Matching("Run called again")) != 1 {
 		t.Fatalf("the second Run logged no line about it")
 	}
 	tick(t, clk, 15*time.Second)

@@ -4,13 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/http"
-	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -20,6 +17,7 @@ import (
 
 	"fiberd.io/fiberd/pkg/core"
 	"fiberd.io/fiberd/pkg/grant"
+	"fiberd.io/fiberd/pkg/grant/granttest"
 	"fiberd.io/fiberd/pkg/home"
 )
 
@@ -212,9 +210,10 @@ func TestGrantsFromTheDirectory(t *testing.T) {
 }
 
 func TestHealthFollowsKeyRefreshes(t *testing.T) {
-	iss := newIssuer(t)
+	iss := granttest.NewIssuer(granttest.Options{})
+	t.Cleanup(iss.Close)
 	clk := clocktesting.NewFakeClock(t0)
-	cache, err := grant.NewCache(iss.URL(), grant.CacheOptions{Clock: clk, Logger: logr.Discard()})
+	cache, err := grant.NewCache(iss.URL, grant.CacheOptions{Clock: clk, Logger: logr.Discard()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -232,18 +231,18 @@ func TestHealthFollowsKeyRefreshes(t *testing.T) {
 
 	// The issuer fails: after StaleTTL without a refresh the home is
 	// unhealthy, one refresh per RefreshInterval (ttl/3) being tried.
-	iss.fail.Store(true)
+	iss.SetFailing(true)
 	for i := 1; i <= 3; i++ {
-		n := iss.hits.Load()
+		n := iss.DiscoveryHits()
 		stepTicker(t, clk, ttl/3)
-		waitFor(t, fmt.Sprintf("failed refresh %d", i), func() bool { return iss.hits.Load() > n })
+		waitFor(t, fmt.Sprintf("failed refresh %d", i), func() bool { return iss.DiscoveryHits() > n })
 	}
 	if h.Health().Healthy() {
 		t.Fatal("healthy after StaleTTL of failed refreshes")
 	}
 
 	// The issuer answers again: the next refresh makes it healthy.
-	iss.fail.Store(false)
+	iss.SetFailing(false)
 	last := cache.LastRefresh()
 	stepTicker(t, clk, ttl/3)
 	waitFor(t, "a refresh after the outage", func() bool { return cache.LastRefresh().After(last) })
@@ -424,44 +423,3 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 		time.Sleep(2 * time.Millisecond)
 	}
 }
-
-// issuer is a development issuer on loopback: OIDC discovery and a JWKS,
-// failing every request while fail is set.
-type issuer struct {
-	srv  *httptest.Server
-	fail atomic.Bool
-	hits atomic.Int64 // discovery requests
-}
-
-func newIssuer(t *testing.T) *issuer {
-	key, err := grant.GenerateKey("EdDSA", "k1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	jwks, err := grant.PublicJWKS(key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	iss := &issuer{}
-	iss.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path == "/.well-known/openid-configuration" {
-			defer iss.hits.Add(1)
-		}
-		if iss.fail.Load() {
-			http.Error(w, "down", http.StatusServiceUnavailable)
-			return
-		}
-		switch r.URL.Path {
-		case "/.well-known/openid-configuration":
-			fmt.Fprintf(w, `{"issuer":%q,"jwks_uri":%q}`, iss.URL(), iss.URL()+"/jwks")
-		case "/jwks":
-			w.Write(jwks)
-		default:
-			http.NotFound(w, r)
-		}
-	}))
-	t.Cleanup(iss.srv.Close)
-	return iss
-}
-
-func (i *issuer) URL() string { return i.srv.URL }

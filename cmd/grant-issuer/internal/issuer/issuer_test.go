@@ -14,7 +14,6 @@ import (
 
 	"github.com/go-jose/go-jose/v4"
 	"github.com/go-logr/logr"
-	"github.com/go-logr/logr/funcr"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -24,6 +23,7 @@ import (
 	k8stesting "k8s.io/client-go/testing"
 	clocktesting "k8s.io/utils/clock/testing"
 
+	"fiberd.io/fiberd/internal/logtest"
 	"fiberd.io/fiberd/pkg/grant"
 )
 
@@ -35,26 +35,6 @@ const (
 )
 
 var testNow = time.Date(2026, 11, 7, 12, 0, 0, 0, time.UTC)
-
-// logSink collects log lines.
-type logSink struct {
-	mu    sync.Mutex
-	lines []string
-}
-
-func (l *logSink) logger() logr.Logger {
-	return funcr.New(func(prefix, args string) {
-		l.mu.Lock()
-		defer l.mu.Unlock()
-		l.lines = append(l.lines, prefix+" "+args)
-	}, funcr.Options{})
-}
-
-func (l *logSink) all() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return strings.Join(l.lines, "\n")
-}
 
 // review is what the fake API server's TokenReview answers.
 type review struct {
@@ -98,14 +78,14 @@ type fixture struct {
 	srv     *Server
 	kube    *fake.Clientset
 	key     jose.JSONWebKey
-	log     *logSink
+	log     *logtest.Recorder
 	mu      sync.Mutex
 	reviews []authenticationv1.TokenReviewSpec
 }
 
 func newFixture(t *testing.T, rv review, podGetErr error, objs ...runtime.Object) *fixture {
 	t.Helper()
-	f := &fixture{kube: fake.NewClientset(objs...), log: &logSink{}}
+	f := &fixture{kube: fake.NewClientset(objs...), log: &logtest.Recorder{}}
 	f.kube.PrependReactor("create", "tokenreviews", func(a k8stesting.Action) (bool, runtime.Object, error) {
 		in := a.(k8stesting.CreateAction).GetObject().(*authenticationv1.TokenReview)
 		f.mu.Lock()
@@ -144,7 +124,7 @@ func newFixture(t *testing.T, rv review, podGetErr error, objs ...runtime.Object
 		Kube:      f.kube,
 		Lease:     20 * time.Second,
 		Clock:     clocktesting.NewFakePassiveClock(testNow.Add(300 * time.Millisecond)),
-		Logger:    f.log.logger(),
+		Logger:    f.log.Logger(),
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -202,7 +182,7 @@ func TestGrantIssued(t *testing.T) {
 	if !g.IssuedAt.Equal(testNow) || g.Lease() != 20*time.Second {
 		t.Errorf("grant iat %v lease %v, want %v and 20s", g.IssuedAt, g.Lease(), testNow)
 	}
-	if logs := f.log.all(); strings.Contains(logs, testToken) || strings.Contains(logs, rec.Body.String()) {
+	if logs := f.log.String(); strings.Contains(logs, testToken) || strings.Contains(logs, rec.Body.String()) {
 		t.Errorf("a token reached the log:\n%s", logs)
 	}
 }
@@ -278,7 +258,7 @@ func TestGrantRefused(t *testing.T) {
 			if !strings.Contains(rec.Body.String(), tc.reason) {
 				t.Errorf("body %q does not give the reason %q", rec.Body, tc.reason)
 			}
-			logs := f.log.all()
+			logs := f.log.String()
 			if !strings.Contains(logs, "grant refused") || !strings.Contains(logs, tc.reason) {
 				t.Errorf("the refusal was not logged with its reason %q:\n%s", tc.reason, logs)
 			}
