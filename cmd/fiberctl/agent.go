@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fiberd.io/fiberd/internal/grantcli"
 	"flag"
 	"fmt"
 	"io"
@@ -143,42 +144,42 @@ func cmdClone(ctx context.Context, args []string, g global, e env) int {
 	case fs.NArg() == 1 && *uid == "":
 		*uid = fs.Arg(0)
 	case fs.NArg() > 0:
-		return usageError(fs, "unexpected argument %q", fs.Arg(0))
+		return grantcli.UsageError(fs, "unexpected argument %q", fs.Arg(0))
 	}
 	req := api.CloneRequest{GrantUID: *uid, Session: *session}
 	if *tokenFile != "" {
 		tok, err := readInput(*tokenFile, e.stdin, api.MaxRequestBody)
 		if err != nil {
-			return usageError(fs, "-grant: %v", err)
+			return grantcli.UsageError(fs, "-grant: %v", err)
 		}
 		req.Grant = strings.TrimSpace(string(tok))
 	}
 	if req.Grant == "" && req.GrantUID == "" {
-		return usageError(fs, "name the grant: -grant-uid UID or -grant FILE")
+		return grantcli.UsageError(fs, "name the grant: -grant-uid UID or -grant FILE")
 	}
 	if *deadline < 0 {
-		return usageError(fs, "-deadline %v is negative", *deadline)
+		return grantcli.UsageError(fs, "-deadline %v is negative", *deadline)
 	}
 	req.DeadlineMs = deadline.Milliseconds()
 	switch {
 	case *payload != "" && *payloadFile != "":
-		return usageError(fs, "-payload and -payload-file exclude each other")
+		return grantcli.UsageError(fs, "-payload and -payload-file exclude each other")
 	case *payload != "":
 		req.Payload = []byte(*payload)
 	case *payloadFile != "":
 		b, err := readInput(*payloadFile, e.stdin, api.MaxPayload)
 		if err != nil {
-			return usageError(fs, "-payload-file: %v", err)
+			return grantcli.UsageError(fs, "-payload-file: %v", err)
 		}
 		req.Payload = b
 	}
 	if len(req.Payload) > api.MaxPayload {
-		return usageError(fs, "-payload is %d bytes, over the %d-byte limit", len(req.Payload), api.MaxPayload)
+		return grantcli.UsageError(fs, "-payload is %d bytes, over the %d-byte limit", len(req.Payload), api.MaxPayload)
 	}
 
 	c, err := g.newClient()
 	if err != nil {
-		return usageError(fs, "%v", err)
+		return grantcli.UsageError(fs, "%v", err)
 	}
 	start := e.clock.Now()
 	resp, err := c.Clone(ctx, req)
@@ -203,12 +204,12 @@ func cmdFiber(ctx context.Context, cmd string, args []string, g global, e env) i
 		return exitUsage
 	}
 	if fs.NArg() != 1 {
-		return usageError(fs, "want exactly one fiber id (uid/epoch/seq), got %d arguments", fs.NArg())
+		return grantcli.UsageError(fs, "want exactly one fiber id (uid/epoch/seq), got %d arguments", fs.NArg())
 	}
 	id := fs.Arg(0)
 	c, err := g.newClient()
 	if err != nil {
-		return usageError(fs, "%v", err)
+		return grantcli.UsageError(fs, "%v", err)
 	}
 	if cmd == "park" {
 		err = c.Park(ctx, id)
@@ -229,12 +230,12 @@ func cmdFiber(ctx context.Context, cmd string, args []string, g global, e env) i
 // cmdStatus: fiberctl status
 func cmdStatus(ctx context.Context, args []string, g global, e env) int {
 	fs := newFlags("status", e)
-	if st, ok := parseFlags(fs, args); !ok {
+	if st, ok := grantcli.ParseFlags(fs, args); !ok {
 		return st
 	}
 	c, err := g.newClient()
 	if err != nil {
-		return usageError(fs, "%v", err)
+		return grantcli.UsageError(fs, "%v", err)
 	}
 	s, err := c.Status(ctx)
 	if err != nil {
@@ -250,12 +251,12 @@ func cmdStatus(ctx context.Context, args []string, g global, e env) int {
 // cmdWatch: fiberctl watch — one status per change until interrupted.
 func cmdWatch(ctx context.Context, args []string, g global, e env) int {
 	fs := newFlags("watch", e)
-	if st, ok := parseFlags(fs, args); !ok {
+	if st, ok := grantcli.ParseFlags(fs, args); !ok {
 		return st
 	}
 	c, err := g.newClient()
 	if err != nil {
-		return usageError(fs, "%v", err)
+		return grantcli.UsageError(fs, "%v", err)
 	}
 	w, err := c.Watch(ctx)
 	if err != nil {
@@ -268,7 +269,7 @@ func cmdWatch(ctx context.Context, args []string, g global, e env) int {
 			if errors.Is(err, io.EOF) || ctx.Err() != nil {
 				return exitOK
 			}
-			return failure(fs, err)
+			return grantcli.Failure(fs, err)
 		}
 		if g.json {
 			if code := printJSON(e.stdout, s); code != exitOK {
@@ -286,7 +287,7 @@ func callFailed(fs *flag.FlagSet, g global, e env, err error) int {
 	if ce, ok := client.AsError(err); ok && g.json {
 		printJSON(e.stdout, ce.Body)
 	}
-	return failure(fs, err)
+	return grantcli.Failure(fs, err)
 }
 
 func printJSON(w io.Writer, v any) int {

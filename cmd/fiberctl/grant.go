@@ -34,26 +34,11 @@ func runGrant(args []string, e env) int {
 }
 
 // newFlags returns the flag set of "fiberctl NAME", reporting on e.stderr.
-// It and the helpers below serve every fiberctl command; they are those of
-// package grantcli, so fiberctl reports errors as the grant commands do.
+// Every fiberctl command parses and reports through package grantcli, so
+// all of them name flags and exit as the grant commands do.
 func newFlags(name string, e env) *flag.FlagSet {
 	return grantcli.NewFlags("fiberctl "+name, e.stderr)
 }
-
-// parseFlags parses args and refuses positional arguments; ok false means
-// return status (grantcli.ParseFlags).
-func parseFlags(fs *flag.FlagSet, args []string) (status int, ok bool) {
-	return grantcli.ParseFlags(fs, args)
-}
-
-// usageError prints a message naming the offending flag and returns
-// exitUsage (grantcli.UsageError).
-func usageError(fs *flag.FlagSet, format string, args ...any) int {
-	return grantcli.UsageError(fs, format, args...)
-}
-
-// failure prints err and returns exitFailure (grantcli.Failure).
-func failure(fs *flag.FlagSet, err error) int { return grantcli.Failure(fs, err) }
 
 // grantEnv is the part of e the shared grant commands use.
 func (e env) grantEnv() grantcli.Env {
@@ -95,24 +80,24 @@ func grantVerify(args []string, e env) int {
 	audience := fs.String("audience", "", "node id the token's aud must equal (required)")
 	tokenFile := fs.String("token", "-", "file holding the token; - reads standard input")
 	maxLease := fs.Duration("max-lease", 0, "refuse leases longer than this; 0 is no limit")
-	if st, ok := parseFlags(fs, args); !ok {
+	if st, ok := grantcli.ParseFlags(fs, args); !ok {
 		return st
 	}
 	if st, ok := grantcli.Required(fs, "jwks", "issuer", "audience"); !ok {
 		return st
 	}
 	if *maxLease < 0 {
-		return usageError(fs, "-max-lease %v: must not be negative", *maxLease)
+		return grantcli.UsageError(fs, "-max-lease %v: must not be negative", *maxLease)
 	}
 	keys, err := grant.ReadStaticKeys(*jwksFile)
 	if err != nil {
-		return failure(fs, err)
+		return grantcli.Failure(fs, err)
 	}
 	var in io.Reader = e.stdin
 	if *tokenFile != "-" {
 		f, err := os.Open(*tokenFile)
 		if err != nil {
-			return failure(fs, err)
+			return grantcli.Failure(fs, err)
 		}
 		defer f.Close()
 		in = f
@@ -121,18 +106,18 @@ func grantVerify(args []string, e env) int {
 	// oversized token as oversized.
 	tok, err := io.ReadAll(io.LimitReader(in, grant.MaxTokenSize+2))
 	if err != nil {
-		return failure(fs, err)
+		return grantcli.Failure(fs, err)
 	}
 	tok = bytes.TrimSpace(tok)
 	v, err := grant.NewVerifier(grant.VerifierConfig{
 		Issuer: *issuer, Audience: *audience, Keys: keys, MaxLease: *maxLease, Clock: e.clock,
 	})
 	if err != nil {
-		return failure(fs, err)
+		return grantcli.Failure(fs, err)
 	}
 	g, err := v.Verify(context.Background(), tok)
 	if err != nil {
-		return failure(fs, err)
+		return grantcli.Failure(fs, err)
 	}
 	out, _ := json.MarshalIndent(grantView{
 		UID: g.UID, Issuer: g.Issuer, Audience: g.Audience, Template: g.Template, Fibers: g.Fibers,

@@ -16,6 +16,7 @@
 package main
 
 import (
+	"fiberd.io/fiberd/internal/grantcli"
 	"fmt"
 	"io"
 	"os"
@@ -32,11 +33,11 @@ type env struct {
 	clock  clock.PassiveClock
 }
 
-// Exit codes.
+// Exit codes, the same in every command (package grantcli).
 const (
-	exitOK      = 0
-	exitFailure = 1
-	exitUsage   = 2
+	exitOK      = grantcli.ExitOK
+	exitFailure = grantcli.ExitFailure
+	exitUsage   = grantcli.ExitUsage
 )
 
 func main() {

@@ -35,6 +35,7 @@ package main
 
 import (
 	"context"
+	"fiberd.io/fiberd/internal/grantcli"
 	"fmt"
 	"io"
 	"os"
@@ -53,11 +54,11 @@ type env struct {
 	ctx context.Context
 }
 
-// Exit codes.
+// Exit codes, the same in every command (package grantcli).
 const (
-	exitOK      = 0
-	exitFailure = 1
-	exitUsage   = 2
+	exitOK      = grantcli.ExitOK
+	exitFailure = grantcli.ExitFailure
+	exitUsage   = grantcli.ExitUsage
 )
 
 func main() {
