@@ -5,6 +5,12 @@ import (
 	"time"
 )
 
+// MaxTokenSize is the largest grant token, 8 KiB (ARCHITECTURE 4.1). Every
+// reader of tokens refuses a larger one before it parses or even reads it
+// whole: the verifier (grant.MaxTokenSize), the file lane
+// (home.MaxTokenSize) and the Kubernetes home's grant fetch.
+const MaxTokenSize = 8 << 10
+
 // Tier is the isolation and start-up class a fiber is served with. Tiers are
 // ordered: BASIC < WARM < CHECKPOINT. A grant's MinTier is the lowest tier it
 // accepts; a backend that cannot reach it answers with a tier gap.

@@ -30,3 +30,11 @@ func TestTierOrderAndParse(t *testing.T) {
 		t.Fatal("ParseTier accepted an unknown tier")
 	}
 }
+
+func TestMaxTokenSizeIs8KiB(t *testing.T) {
+	// ARCHITECTURE 4.1: "whole token at most 8 KiB". The verifier, the
+	// file lane and the grant fetch all read this one constant.
+	if MaxTokenSize != 8192 {
+		t.Fatalf("MaxTokenSize = %d, want 8192", MaxTokenSize)
+	}
+}

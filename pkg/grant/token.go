@@ -17,9 +17,9 @@ import (
 	"fiberd.io/fiberd/pkg/core"
 )
 
-// MaxTokenSize is the largest grant token accepted, 8 KiB. Longer tokens are
-// refused before any decoding.
-const MaxTokenSize = 8 << 10
+// MaxTokenSize is the largest grant token accepted, core.MaxTokenSize
+// (8 KiB). Longer tokens are refused before any decoding.
+const MaxTokenSize = core.MaxTokenSize
 
 // algorithms is the allow-list of signature algorithms: EdDSA (Ed25519) and
 // ES256 (ECDSA P-256, SHA-256). Tokens with any other alg, "none", HS* and

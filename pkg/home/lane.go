@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"errors"
+	"fiberd.io/fiberd/pkg/core"
 	"fmt"
 	"io"
 	"io/fs"
@@ -24,10 +25,10 @@ import (
 // FileLaneConfig.Poll is zero.
 const DefaultGrantsPoll = 2 * time.Second
 
-// MaxTokenSize is the largest grant file the lane reads, 8 KiB, the size
-// cap of a grant token. A larger file is refused by the size its stat
-// reports, before it is opened.
-const MaxTokenSize = 8 << 10
+// MaxTokenSize is the largest grant file the lane reads: the size cap of a
+// grant token, core.MaxTokenSize (8 KiB). A larger file is refused by the
+// size its stat reports, before it is opened.
+const MaxTokenSize = core.MaxTokenSize
 
 // TokenSuffix is the name suffix of the files the lane reads.
 const TokenSuffix = ".jwt"
