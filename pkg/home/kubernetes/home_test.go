@@ -190,9 +190,14 @@ func TestEndpointHostWaitsForTheAddress(t *testing.T) {
 		if n := k.Calls(fake.GetPod); n != i {
 			t.Fatalf("read %d times before 500ms passed, want %d", n, i)
 		}
+		if i == 3 {
+			// The address arrives before the read the next millisecond
+			// releases; set after it, that read could miss it and wait
+			// on a clock that nothing steps again.
+			k.SetPod(newPod())
+		}
 		clk.Step(time.Millisecond)
 	}
-	k.SetPod(newPod())
 	select {
 	case ip := <-got:
 		if ip != "10.0.0.7" {
