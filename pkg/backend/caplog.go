@@ -1,10 +1,14 @@
 package backend
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"os"
 	"sync"
+	"time"
+
+	"k8s.io/utils/clock"
 )
 
 // capLog is a template's log file: it keeps the first max bytes written and
@@ -51,9 +55,58 @@ func (l *capLog) Write(b []byte) (int, error) {
 
 func (l *capLog) Close() error { return l.f.Close() }
 
-// copyLog drains r into l until r ends or is closed, then closes done.
-func copyLog(r io.Reader, l *capLog, done chan<- struct{}) {
-	defer close(done)
+// logPipe is a template's log as its processes see it: they write to w,
+// copy drains r into the capped file. Proc gives w to its zygote, Exec to
+// every fiber of the grant.
+type logPipe struct {
+	path string
+	file *capLog
+	r, w *os.File
+	done chan struct{} // closed when copy has returned
+}
+
+// openLogPipe opens the log file at path (see openCapLog) and the pipe. On
+// failure nothing is left open.
+func openLogPipe(path string, max int64) (*logPipe, error) {
+	file, err := openCapLog(path, max)
+	if err != nil {
+		return nil, err
+	}
+	r, w, err := os.Pipe()
+	if err != nil {
+		_ = file.Close()
+		return nil, fmt.Errorf("log pipe: %w", err)
+	}
+	return &logPipe{path: path, file: file, r: r, w: w, done: make(chan struct{})}, nil
+}
+
+// copy drains the pipe into the file until the pipe ends or r is closed,
+// then closes done. The backend runs it in a goroutine of its wait group.
+func (l *logPipe) copy() {
+	defer close(l.done)
 	buf := make([]byte, 32<<10)
-	_, _ = io.CopyBuffer(l, r, buf)
+	_, _ = io.CopyBuffer(l.file, l.r, buf)
+}
+
+// abort closes everything of a pipe whose copy never ran.
+func (l *logPipe) abort() error {
+	_ = l.r.Close()
+	_ = l.w.Close()
+	return l.file.Close()
+}
+
+// drain closes the log once every writer is gone: it closes w (if the
+// backend still holds it), gives copy up to a second (or until ctx ends) to
+// take what is left in the pipe, then closes r and the file.
+func (l *logPipe) drain(ctx context.Context, clk clock.WithDelayedExecution) {
+	_ = l.w.Close()
+	dctx, cancel := clockTimeout(ctx, clk, time.Second)
+	select {
+	case <-l.done:
+	case <-dctx.Done():
+	}
+	cancel()
+	_ = l.r.Close()
+	<-l.done
+	_ = l.file.Close()
 }

@@ -40,10 +40,7 @@ func cgroupRoot(t *testing.T) (tree *cgroup.Tree, mount string) {
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		l := cgroup.At(dir)
-		_ = l.Kill(ctx)
-		_ = l.WaitEmpty(ctx)
-		if err := l.Remove(); err != nil {
+		if err := cgroup.At(dir).Destroy(ctx); err != nil {
 			t.Errorf("removing test cgroup %s: %v", dir, err)
 		}
 	})

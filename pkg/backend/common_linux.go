@@ -1,6 +1,7 @@
 package backend
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -40,6 +41,23 @@ func (c *common) init(cfg Config, name string) error {
 // Exits implements Backend.
 func (c *common) Exits() <-chan Exit { return c.exits.out }
 
+// shutdown is the shared half of Close: it runs every grant's stop under
+// one KillTimeout, waits for every goroutine the backend started, closes
+// Exits, and returns the stops' errors joined.
+func (c *common) shutdown(stops []func(context.Context) error) error {
+	ctx, cancel := clockTimeout(context.Background(), c.cfg.Clock, c.cfg.KillTimeout)
+	var errs []error
+	for _, stop := range stops {
+		if err := stop(ctx); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	cancel()
+	c.wg.Wait()
+	c.exits.close()
+	return errors.Join(errs...)
+}
+
 // errClosed is returned by calls after Close.
 var errClosed = fmt.Errorf("backend closed: %w", ErrCold)
 
@@ -76,6 +94,23 @@ func isExecutable(p string) error {
 	return nil
 }
 
+// prepare is what Warm does on both backends before anything starts: it
+// makes the run directory, resolves the spec's command (lookPath) and opens
+// the template's log, RunDir/<logName>, with the pipe its processes write
+// to. It fails, leaving nothing open, when any of these fails.
+func (c *common) prepare(req WarmRequest, logName string) (path string, lp *logPipe, err error) {
+	if err := os.MkdirAll(req.RunDir, 0o700); err != nil {
+		return "", nil, err
+	}
+	if path, err = lookPath(req.Spec.Command, c.cfg.Path); err != nil {
+		return "", nil, err
+	}
+	if lp, err = openLogPipe(filepath.Join(req.RunDir, logName), c.cfg.LogMaxBytes); err != nil {
+		return "", nil, err
+	}
+	return path, lp, nil
+}
+
 // workdir is the spec's workdir or the run directory.
 func workdir(spec template.Spec, runDir string) string {
 	if spec.Workdir != "" {
@@ -110,6 +145,3 @@ func logTail(path string) string {
 	}
 	return strings.TrimSpace(string(b))
 }
-
-// isNotExist reports a cgroup or file that is already gone.
-func isNotExist(err error) bool { return errors.Is(err, fs.ErrNotExist) }

@@ -7,11 +7,9 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"reflect"
 	"sync"
 	"syscall"
-	"time"
 
 	"fiberd.io/fiberd/pkg/cgroup"
 	"fiberd.io/fiberd/pkg/core"
@@ -54,15 +52,12 @@ func NewExec(cfg Config) (*Exec, error) {
 func (e *Exec) Tier() core.Tier { return core.TierBasic }
 
 type execGrant struct {
-	uid     string
-	spec    template.Spec
-	path    string
-	env     []string
-	dir     string
-	logFile *capLog
-	logR    *os.File
-	logW    *os.File // every fiber's stdout and stderr
-	logDone chan struct{}
+	uid  string
+	spec template.Spec
+	path string
+	env  []string
+	dir  string
+	out  *logPipe // fibers.log: every fiber's stdout and stderr
 
 	inflight sync.WaitGroup // Clones between their check and their registration
 
@@ -111,30 +106,17 @@ func (e *Exec) Warm(ctx context.Context, req WarmRequest) error {
 		}
 		return nil
 	}
-	if err := os.MkdirAll(req.RunDir, 0o700); err != nil {
-		return fmt.Errorf("grant %q: warm: %w", uid, err)
-	}
-	path, err := lookPath(req.Spec.Command, e.cfg.Path)
+	path, lp, err := e.prepare(req, "fibers.log")
 	if err != nil {
-		return fmt.Errorf("grant %q: warm: %w", uid, err)
-	}
-	logFile, err := openCapLog(filepath.Join(req.RunDir, "fibers.log"), e.cfg.LogMaxBytes)
-	if err != nil {
-		return fmt.Errorf("grant %q: warm: %w", uid, err)
-	}
-	r, w, err := os.Pipe()
-	if err != nil {
-		logFile.Close()
 		return fmt.Errorf("grant %q: warm: %w", uid, err)
 	}
 	g := &execGrant{
 		uid: uid, spec: req.Spec, path: path,
-		env: fiberdEnv(e.cfg.Path, req), dir: workdir(req.Spec, req.RunDir),
-		logFile: logFile, logR: r, logW: w, logDone: make(chan struct{}),
+		env: fiberdEnv(e.cfg.Path, req), dir: workdir(req.Spec, req.RunDir), out: lp,
 		fibers: map[string]*fiber{}, starting: map[string]bool{},
 	}
 	e.wg.Add(1)
-	go func() { defer e.wg.Done(); copyLog(r, logFile, g.logDone) }()
+	go func() { defer e.wg.Done(); lp.copy() }()
 	e.grants[uid] = g
 	e.log.Info("Template ready for cold starts", "grant", uid, "command", path)
 	return nil
@@ -194,8 +176,8 @@ func (e *Exec) Clone(ctx context.Context, req CloneRequest) (Fiber, error) {
 		Args:        append([]string{"sh", "-c", execShim, g.path}, g.spec.Args...),
 		Env:         env,
 		Dir:         g.dir,
-		Stdout:      g.logW,
-		Stderr:      g.logW,
+		Stdout:      g.out.w,
+		Stderr:      g.out.w,
 		ExtraFiles:  []*os.File{req.Listener},
 		SysProcAttr: attr,
 	}
@@ -286,16 +268,7 @@ func (e *Exec) stop(ctx context.Context, g *execGrant) error {
 		return fmt.Errorf("grant %q: stop: %w", g.uid, errors.Join(errs...))
 	}
 	// Every fiber is gone: close the log pipe and let the copier drain.
-	_ = g.logW.Close()
-	dctx, cancel := clockTimeout(ctx, e.cfg.Clock, time.Second)
-	select {
-	case <-g.logDone:
-	case <-dctx.Done():
-	}
-	cancel()
-	_ = g.logR.Close()
-	<-g.logDone
-	_ = g.logFile.Close()
+	g.out.drain(ctx, e.cfg.Clock)
 	e.log.Info("Grant stopped", "grant", g.uid, "fibers", len(fibers))
 	return nil
 }
@@ -305,22 +278,12 @@ func (e *Exec) Close() error {
 	e.closeOnce.Do(func() {
 		e.mu.Lock()
 		e.closed = true
-		gs := make([]*execGrant, 0, len(e.grants))
+		stops := make([]func(context.Context) error, 0, len(e.grants))
 		for _, g := range e.grants {
-			gs = append(gs, g)
+			stops = append(stops, func(ctx context.Context) error { return e.stop(ctx, g) })
 		}
 		e.mu.Unlock()
-		ctx, cancel := clockTimeout(context.Background(), e.cfg.Clock, e.cfg.KillTimeout)
-		var errs []error
-		for _, g := range gs {
-			if err := e.stop(ctx, g); err != nil {
-				errs = append(errs, err)
-			}
-		}
-		cancel()
-		e.wg.Wait()
-		e.exits.close()
-		e.closeErr = errors.Join(errs...)
+		e.closeErr = e.shutdown(stops)
 	})
 	return e.closeErr
 }

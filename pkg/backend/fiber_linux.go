@@ -60,15 +60,7 @@ func (c *common) finish(f *fiber, r ExitReason) {
 	ctx, cancel := clockTimeout(context.Background(), c.cfg.Clock, c.cfg.KillTimeout)
 	defer cancel()
 	if f.leaf != "" {
-		l := cgroup.At(f.leaf)
-		err := l.Kill(ctx)
-		if err == nil {
-			err = l.WaitEmpty(ctx)
-		}
-		if err == nil {
-			err = l.Remove()
-		}
-		if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		if err := cgroup.At(f.leaf).Destroy(ctx); err != nil {
 			c.log.Error(err, "Fiber leaf not removed", "fence", f.fence.String(), "leaf", f.leaf)
 		}
 	} else {

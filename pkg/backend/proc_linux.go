@@ -52,16 +52,13 @@ func (p *Proc) Tier() core.Tier { return core.TierWarm }
 
 // zygote is one grant's warm template process and its fibers.
 type zygote struct {
-	p       *Proc
-	uid     string
-	spec    template.Spec
-	cmd     *exec.Cmd
-	conn    *net.UnixConn
-	leaf    string // <Cgroup>/zygote, or ""
-	logPath string
-	logFile *capLog
-	logR    *os.File
-	logDone chan struct{}
+	p    *Proc
+	uid  string
+	spec template.Spec
+	cmd  *exec.Cmd
+	conn *net.UnixConn
+	leaf string   // <Cgroup>/zygote, or ""
+	out  *logPipe // zygote.log, its stdout and stderr; set by start
 
 	ready      chan struct{} // closed on READY
 	readerDone chan struct{} // closed when the reader has stopped
@@ -170,7 +167,6 @@ func (p *Proc) newZygote(uid string, spec template.Spec) *zygote {
 	return &zygote{
 		p: p, uid: uid, spec: spec,
 		ready: make(chan struct{}), readerDone: make(chan struct{}), dead: make(chan struct{}),
-		logDone: make(chan struct{}),
 		pending: map[string]*pendingClone{}, fibers: map[string]*fiber{},
 	}
 }
@@ -184,23 +180,15 @@ func (z *zygote) start(ctx context.Context, req WarmRequest) (err error) {
 	defer func() {
 		if err != nil && !launched {
 			close(z.readerDone)
-			close(z.logDone)
 			close(z.dead)
 		}
 	}()
 
-	if err := os.MkdirAll(req.RunDir, 0o700); err != nil {
-		return wrap(err)
-	}
-	path, err := lookPath(req.Spec.Command, p.cfg.Path)
+	path, lp, err := p.prepare(req, "zygote.log")
 	if err != nil {
 		return wrap(err)
 	}
-	z.logPath = filepath.Join(req.RunDir, "zygote.log")
-	z.logFile, err = openCapLog(z.logPath, p.cfg.LogMaxBytes)
-	if err != nil {
-		return wrap(err)
-	}
+	z.out = lp
 	var closers []func() error
 	defer func() {
 		for _, c := range closers {
@@ -215,19 +203,14 @@ func (z *zygote) start(ctx context.Context, req WarmRequest) (err error) {
 			return nil
 		})
 	}
-	cleanupOnError(z.logFile.Close)
+	cleanupOnError(lp.abort)
 
-	r, w, err := os.Pipe()
-	if err != nil {
-		return wrap(err)
-	}
-	afterStart := []func() error{w.Close} // the child's copies, closed once it has them
+	afterStart := []func() error{lp.w.Close} // the child's copies, closed once it has them
 	defer func() {
 		for _, c := range afterStart {
 			_ = c()
 		}
 	}()
-	cleanupOnError(r.Close)
 
 	pair, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
@@ -263,8 +246,8 @@ func (z *zygote) start(ctx context.Context, req WarmRequest) (err error) {
 		Args:        append([]string{req.Spec.Command}, req.Spec.Args...),
 		Env:         fiberdEnv(p.cfg.Path, req),
 		Dir:         workdir(req.Spec, req.RunDir),
-		Stdout:      w,
-		Stderr:      w,
+		Stdout:      lp.w,
+		Stderr:      lp.w,
 		ExtraFiles:  []*os.File{child},
 		SysProcAttr: attr,
 	}
@@ -280,7 +263,6 @@ func (z *zygote) start(ctx context.Context, req WarmRequest) (err error) {
 		return wrap(err)
 	}
 	launched = true
-	z.logR = r
 	z.mu.Lock()
 	z.proc = z.cmd.Process
 	stopped := z.stopping
@@ -289,10 +271,10 @@ func (z *zygote) start(ctx context.Context, req WarmRequest) (err error) {
 		z.kill() // Stop came while it was starting
 	}
 	p.wg.Add(3)
-	go func() { defer p.wg.Done(); copyLog(r, z.logFile, z.logDone) }()
+	go func() { defer p.wg.Done(); lp.copy() }()
 	go func() { defer p.wg.Done(); z.read() }()
 	go func() { defer p.wg.Done(); z.wait() }()
-	p.log.Info("Zygote started", "grant", z.uid, "pid", z.cmd.Process.Pid, "cgroup", z.leaf, "log", z.logPath)
+	p.log.Info("Zygote started", "grant", z.uid, "pid", z.cmd.Process.Pid, "cgroup", z.leaf, "log", lp.path)
 
 	wctx, cancel := clockTimeout(ctx, p.cfg.Clock, p.cfg.WarmTimeout)
 	defer cancel()
@@ -301,7 +283,7 @@ func (z *zygote) start(ctx context.Context, req WarmRequest) (err error) {
 		p.log.Info("Template warm", "grant", z.uid, "pid", z.cmd.Process.Pid)
 		return nil
 	case <-z.dead:
-		err = fmt.Errorf("zygote exited before READY (log %s: %q): %w", z.logPath, logTail(z.logPath), ErrCold)
+		err = fmt.Errorf("zygote exited before READY (log %s: %q): %w", lp.path, logTail(lp.path), ErrCold)
 	case <-wctx.Done():
 		why := ctx.Err()
 		if why == nil {
@@ -309,7 +291,7 @@ func (z *zygote) start(ctx context.Context, req WarmRequest) (err error) {
 		}
 		z.kill()
 		<-z.dead
-		err = fmt.Errorf("zygote not ready: %w (log %s)", why, z.logPath)
+		err = fmt.Errorf("zygote not ready: %w (log %s)", why, lp.path)
 	}
 	return wrap(err)
 }
@@ -493,33 +475,16 @@ func (z *zygote) wait() {
 	})
 	fw.Wait()
 	if z.leaf != "" {
-		l := cgroup.At(z.leaf)
-		err := l.Kill(ctx)
-		if err == nil {
-			err = l.WaitEmpty(ctx)
-		}
-		if err == nil {
-			err = l.Remove()
-		}
-		if err != nil && !isNotExist(err) {
+		if err := cgroup.At(z.leaf).Destroy(ctx); err != nil {
 			p.log.Error(err, "Zygote leaf not removed", "grant", z.uid, "leaf", z.leaf)
 		}
 	}
 	cancel()
 
-	// Give the log copier a moment to drain what the processes wrote.
-	ctx, cancel = clockTimeout(context.Background(), p.cfg.Clock, time.Second)
-	select {
-	case <-z.logDone:
-	case <-ctx.Done():
-	}
-	cancel()
-	_ = z.logR.Close()
-	<-z.logDone
-	_ = z.logFile.Close()
+	z.out.drain(context.Background(), p.cfg.Clock)
 
 	if !stopping {
-		p.log.Info("Zygote died; template is cold", "grant", z.uid, "reason", reason.String(), "fibers", len(fibers), "log", z.logPath)
+		p.log.Info("Zygote died; template is cold", "grant", z.uid, "reason", reason.String(), "fibers", len(fibers), "log", z.out.path)
 		if wasWarm {
 			p.exits.push(Exit{GrantUID: z.uid, Template: true, Reason: reason})
 		}
@@ -687,22 +652,12 @@ func (p *Proc) Close() error {
 	p.closeOnce.Do(func() {
 		p.mu.Lock()
 		p.closed = true
-		zs := make([]*zygote, 0, len(p.zygotes))
+		stops := make([]func(context.Context) error, 0, len(p.zygotes))
 		for _, z := range p.zygotes {
-			zs = append(zs, z)
+			stops = append(stops, z.stop)
 		}
 		p.mu.Unlock()
-		ctx, cancel := clockTimeout(context.Background(), p.cfg.Clock, p.cfg.KillTimeout)
-		var errs []error
-		for _, z := range zs {
-			if err := z.stop(ctx); err != nil {
-				errs = append(errs, err)
-			}
-		}
-		cancel()
-		p.wg.Wait()
-		p.exits.close()
-		p.closeErr = errors.Join(errs...)
+		p.closeErr = p.shutdown(stops)
 	})
 	return p.closeErr
 }

@@ -198,18 +198,7 @@ func (g Grant) Fiber(epoch, seq uint64) (Leaf, error) {
 // is empty, and removes Dir with every leaf below it. Removing a grant that
 // is already gone succeeds. It fails when ctx ends first or the kernel
 // refuses. pkg/backend calls it when a grant is yielded.
-func (g Grant) Remove(ctx context.Context) error {
-	if err := g.Dir.Kill(ctx); err != nil {
-		if errors.Is(err, fs.ErrNotExist) {
-			return nil
-		}
-		return err
-	}
-	if err := g.Dir.WaitEmpty(ctx); err != nil {
-		return err
-	}
-	return g.Dir.Remove()
-}
+func (g Grant) Remove(ctx context.Context) error { return g.Dir.Destroy(ctx) }
 
 // Leaf is one cgroup v2 directory: usually a fiber's or the zygote's leaf,
 // though every method also works on a grant's Dir (acting on its subtree).
@@ -277,6 +266,23 @@ func (l Leaf) Thaw(ctx context.Context) error { return freeze(ctx, l.path, false
 // first. A leaf already gone is not an error. It fails (EBUSY) while a
 // process is still inside: Kill and WaitEmpty first.
 func (l Leaf) Remove() error { return removeTree(l.path) }
+
+// Destroy ends the leaf for good: Kill, then WaitEmpty, then Remove. A leaf
+// already gone succeeds. It fails when ctx ends before the leaf is empty or
+// the kernel refuses. Grant.Remove calls it on Dir; pkg/backend calls it when
+// a fiber or a zygote has ended, to take whatever it left behind with it.
+func (l Leaf) Destroy(ctx context.Context) error {
+	if err := l.Kill(ctx); err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil
+		}
+		return err
+	}
+	if err := l.WaitEmpty(ctx); err != nil {
+		return err
+	}
+	return l.Remove()
+}
 
 // Pressure is the leaf's pressure stall information: the "some avg10"
 // figure, the percentage of the last 10 seconds in which at least one of its

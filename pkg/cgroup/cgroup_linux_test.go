@@ -46,13 +46,7 @@ func testCgroup(t *testing.T) string {
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		if err := At(dir).Kill(ctx); err != nil {
-			t.Errorf("cleanup: %v", err)
-		}
-		if err := At(dir).WaitEmpty(ctx); err != nil {
-			t.Errorf("cleanup: %v", err)
-		}
-		if err := At(dir).Remove(); err != nil {
+		if err := At(dir).Destroy(ctx); err != nil {
 			t.Errorf("cleanup: %v", err)
 		}
 	})
@@ -329,6 +323,45 @@ func TestGrantRemoveEndsEveryProcess(t *testing.T) {
 	}
 	if err := g.Remove(ctx); err != nil {
 		t.Fatalf("second Remove = %v, want nil", err)
+	}
+}
+
+// TestLeafDestroy: Destroy ends what runs in the leaf and removes it, and
+// leaves its siblings alone.
+func TestLeafDestroy(t *testing.T) {
+	dir := testCgroup(t)
+	ctx := testCtx(t)
+	tree, err := NewTree(Config{Root: dir, Logger: logr.Discard()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, err := tree.Grant("uid-3")
+	if err != nil {
+		t.Fatal(err)
+	}
+	leaf, err := g.Fiber(1, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	inLeaf, inZygote := startSleep(t), startSleep(t)
+	if err := leaf.AddProc(inLeaf.Process.Pid); err != nil {
+		t.Fatal(err)
+	}
+	if err := g.Zygote.AddProc(inZygote.Process.Pid); err != nil {
+		t.Fatal(err)
+	}
+	if err := leaf.Destroy(ctx); err != nil {
+		t.Fatal(err)
+	}
+	wantKilled(t, inLeaf)
+	if _, err := os.Stat(leaf.Path()); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("leaf still there after Destroy: %v", err)
+	}
+	if pids, err := g.Zygote.Procs(); err != nil || !slices.Equal(pids, []int{inZygote.Process.Pid}) {
+		t.Fatalf("sibling leaf lists %v, %v after Destroy, want [%d]", pids, err, inZygote.Process.Pid)
+	}
+	if err := leaf.Destroy(ctx); err != nil {
+		t.Fatalf("second Destroy = %v, want nil", err)
 	}
 }
 

@@ -114,6 +114,17 @@ static int fz_reap(struct fz_state *st, int block)
 	return 0;
 }
 
+static int fz_hexval(char c)
+{
+	if (c >= '0' && c <= '9')
+		return c - '0';
+	if (c >= 'a' && c <= 'f')
+		return c - 'a' + 10;
+	if (c >= 'A' && c <= 'F')
+		return c - 'A' + 10;
+	return -1;
+}
+
 static int fz_unhex(const char *s, unsigned char **out, size_t *outlen)
 {
 	size_t n = strlen(s);
@@ -127,15 +138,12 @@ static int fz_unhex(const char *s, unsigned char **out, size_t *outlen)
 	if (!b)
 		return -1;
 	for (size_t i = 0; i < n / 2; i++) {
-		unsigned int v;
-		char pair[3] = {s[2 * i], s[2 * i + 1], 0};
-		char *end;
-		if (!strchr("0123456789abcdefABCDEF", pair[0]) || !strchr("0123456789abcdefABCDEF", pair[1]) || !pair[0] || !pair[1]) {
+		int hi = fz_hexval(s[2 * i]), lo = fz_hexval(s[2 * i + 1]);
+		if (hi < 0 || lo < 0) {
 			free(b);
 			return -1;
 		}
-		v = (unsigned int)strtoul(pair, &end, 16);
-		b[i] = (unsigned char)v;
+		b[i] = (unsigned char)(hi << 4 | lo);
 	}
 	*out = b;
 	*outlen = n / 2;
