@@ -454,12 +454,23 @@ func (a *Agent) changes() <-chan struct{} {
 	return a.changed
 }
 
+// lookup reads admitted grant uid's runtime state under mu: rt (nil when
+// uid is not admitted), its cgroup (nil without a cgroup root or before
+// warm carved it) and whether warm succeeded since the zygote last died.
+// rt.backend never changes, so callers use it without mu.
+func (a *Agent) lookup(uid string) (rt *grantRT, cg *cgroup.Grant, warm bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	rt = a.grants[uid]
+	if rt == nil {
+		return nil, nil, false
+	}
+	return rt, rt.cg, rt.warm
+}
+
 // isWarm reports whether admitted grant uid's template is warm.
 func (a *Agent) isWarm(uid string) bool {
-	a.mu.Lock()
-	rt := a.grants[uid]
-	warm := rt != nil && rt.warm
-	a.mu.Unlock()
+	rt, _, warm := a.lookup(uid)
 	return warm && rt.backend.Warmed(uid)
 }
 

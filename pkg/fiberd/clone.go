@@ -117,9 +117,12 @@ func (a *Agent) clone(ctx context.Context, req api.CloneRequest, authed bool) (a
 }
 
 // ensureAdmitted admits verified grant g unless the ledger already holds
-// this very token, so a repeated Clone by token costs no admission.
+// this very token, or a token of the same grant issued later: a repeated
+// Clone by token costs no admission, and a caller still presenting the
+// token a renewal superseded is served under the renewed grant instead of
+// rolling its lease (or its template) back.
 func (a *Agent) ensureAdmitted(ctx context.Context, g core.Grant) error {
-	if have, ok := a.ledger.Grant(g.UID); ok && bytes.Equal(have.Token, g.Token) {
+	if have, ok := a.ledger.Grant(g.UID); ok && (bytes.Equal(have.Token, g.Token) || g.IssuedAt.Before(have.IssuedAt)) {
 		return nil
 	}
 	err := a.admit(ctx, g)
@@ -150,14 +153,7 @@ func (a *Agent) miss(reason string) *core.Miss {
 func (a *Agent) create(ctx context.Context, res *core.Reservation, payload []byte) (api.CloneResponse, error) {
 	fence := res.Fence
 	uid := fence.GrantUID
-	a.mu.Lock()
-	rt := a.grants[uid]
-	var cg *cgroup.Grant
-	warm := rt != nil && rt.warm
-	if rt != nil {
-		cg = rt.cg
-	}
-	a.mu.Unlock()
+	rt, cg, warm := a.lookup(uid)
 	if !warm || !rt.backend.Warmed(uid) {
 		return api.CloneResponse{}, a.miss(fmt.Sprintf("grant %q: template not warm", uid))
 	}

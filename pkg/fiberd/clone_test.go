@@ -392,6 +392,39 @@ func TestGrantRemovedDenies(t *testing.T) {
 	}
 }
 
+// TestSupersededTokenKeepsRenewal: after the lane delivers a renewal, a
+// Clone still presenting the older token is served under the renewed grant;
+// it neither rolls the lease back nor re-admits the old terms, so the grant
+// outlives the old token's expiry.
+func TestSupersededTokenKeepsRenewal(t *testing.T) {
+	e := newEnv(t)
+	old := e.mint("g1", lease(time.Hour))
+	uid := e.deliver(old)
+	e.clk.Step(10 * time.Second)
+	renewed := e.mint("g1", lease(2*time.Hour))
+	e.home.lane <- homeAdded(uid, renewed)
+	want := e.clk.Now().Truncate(time.Second).Add(2 * time.Hour)
+	e.eventually("lease renewed", func() bool {
+		g, _ := e.agent.ledger.Grant(uid)
+		return g.Expiry.Equal(want)
+	})
+	if r := e.cloneReq(e.unix, api.CloneRequest{Grant: old}); r.status != 200 {
+		t.Fatalf("clone with the superseded token: %d %s", r.status, r.body)
+	}
+	if g, _ := e.agent.ledger.Grant(uid); !g.Expiry.Equal(want) || string(g.Token) != renewed {
+		t.Fatalf("after a clone with the superseded token the lease ends %v, want %v (the renewal's)", g.Expiry, want)
+	}
+	if warms, _ := e.warm.Counts(); warms != 1 {
+		t.Fatalf("superseded token re-warmed the template (%d warms)", warms)
+	}
+	// Past the old token's expiry the grant is still admitted and served.
+	e.eventually("reaper waiting", e.clk.HasWaiters)
+	e.clk.Step(time.Hour)
+	if r := e.cloneReq(e.unix, api.CloneRequest{GrantUID: uid}); r.status != 200 {
+		t.Fatalf("clone after the old token's expiry: %d %s", r.status, r.body)
+	}
+}
+
 // TestFiberExitFreesSlot: a fiber that ends on its own frees its slot.
 func TestFiberExitFreesSlot(t *testing.T) {
 	e := newEnv(t)

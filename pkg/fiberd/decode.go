@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"reflect"
 	"strings"
+	"sync"
 
 	"fiberd.io/fiberd/pkg/api"
 	"fiberd.io/fiberd/pkg/core"
@@ -74,14 +75,11 @@ func checkMembers(data []byte, t reflect.Type, where string) error {
 		if t.PkgPath() == "time" { // time.Time decodes from a string
 			return nil
 		}
-		var m map[string]json.RawMessage
-		if err := json.Unmarshal(trimmed, &m); err != nil {
-			return fmt.Errorf("%s: want a JSON object", nameOr(where))
-		}
-		fields := jsonFields(t)
-		if err := noDuplicates(trimmed); err != nil {
+		m, err := objectMembers(trimmed)
+		if err != nil {
 			return fmt.Errorf("%s: %v", nameOr(where), err)
 		}
+		fields := jsonFields(t)
 		for name, raw := range m {
 			ft, ok := fields[name]
 			if !ok {
@@ -118,33 +116,48 @@ func checkMembers(data []byte, t reflect.Type, where string) error {
 	return nil
 }
 
-// noDuplicates refuses an object whose top level names a member twice.
-func noDuplicates(obj []byte) error {
+// objectMembers reads a JSON object into its members in one pass,
+// refusing anything but a single object and a member named twice.
+func objectMembers(obj []byte) (map[string]json.RawMessage, error) {
 	dec := json.NewDecoder(bytes.NewReader(obj))
-	if _, err := dec.Token(); err != nil { // '{'
-		return err
+	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
+		return nil, errors.New("want a JSON object")
 	}
-	seen := map[string]bool{}
+	m := make(map[string]json.RawMessage)
 	for dec.More() {
 		tok, err := dec.Token()
 		if err != nil {
-			return err
+			return nil, errors.New("want a JSON object")
 		}
 		name, _ := tok.(string)
-		if seen[name] {
-			return fmt.Errorf("member %q appears twice", name)
+		if _, dup := m[name]; dup {
+			return nil, fmt.Errorf("member %q appears twice", name)
 		}
-		seen[name] = true
-		var skip json.RawMessage
-		if err := dec.Decode(&skip); err != nil {
-			return err
+		var v json.RawMessage
+		if err := dec.Decode(&v); err != nil {
+			return nil, errors.New("want a JSON object")
 		}
+		m[name] = v
 	}
-	return nil
+	if _, err := dec.Token(); err != nil { // '}'
+		return nil, errors.New("want a JSON object")
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return nil, errors.New("want a JSON object")
+	}
+	return m, nil
 }
 
-// jsonFields maps a struct's json member names to their field types.
+// fieldCache holds jsonFields' answer per struct type: the request types
+// are few and fixed, so each is reflected on once, not per request.
+var fieldCache sync.Map // reflect.Type -> map[string]reflect.Type
+
+// jsonFields maps a struct's json member names to their field types. The
+// map is shared: callers only read it.
 func jsonFields(t reflect.Type) map[string]reflect.Type {
+	if m, ok := fieldCache.Load(t); ok {
+		return m.(map[string]reflect.Type)
+	}
 	out := make(map[string]reflect.Type, t.NumField())
 	for i := 0; i < t.NumField(); i++ {
 		f := t.Field(i)
@@ -163,6 +176,7 @@ func jsonFields(t reflect.Type) map[string]reflect.Type {
 		}
 		out[name] = f.Type
 	}
+	fieldCache.Store(t, out)
 	return out
 }
 

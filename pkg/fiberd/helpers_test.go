@@ -11,7 +11,6 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -365,7 +364,7 @@ func (e *env) deliver(token string) string {
 	e.t.Helper()
 	uid, err := grant.PeekUID([]byte(token))
 	must(e.t, err)
-	e.home.lane <- home.GrantEvent{Kind: home.GrantAdded, UID: uid, Token: []byte(token), Path: uid + ".jwt"}
+	e.home.lane <- homeAdded(uid, token)
 	e.eventually("grant "+uid+" warm", func() bool { return e.agent.isWarm(uid) && e.home.isReady(uid) })
 	return uid
 }
@@ -470,5 +469,3 @@ func watchLines(r io.Reader) <-chan string {
 	}()
 	return ch
 }
-
-func contains(s, sub string) bool { return strings.Contains(s, sub) }

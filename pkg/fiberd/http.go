@@ -152,14 +152,13 @@ func (a *Agent) status() api.Status {
 	for _, gs := range a.ledger.Snapshot() {
 		g := gs.Grant
 		out := api.GrantStatus{
-			UID: g.UID, Template: g.Template, Warm: a.isWarm(g.UID), Running: len(gs.Running),
+			UID: g.UID, Template: g.Template, Running: len(gs.Running),
 			Max: g.Fibers.Max, LeaseExpiry: g.Expiry,
 		}
-		a.mu.Lock()
-		if rt := a.grants[g.UID]; rt != nil {
+		if rt, _, warm := a.lookup(g.UID); rt != nil {
+			out.Warm = warm && rt.backend.Warmed(g.UID)
 			out.Tier = rt.backend.Tier()
 		}
-		a.mu.Unlock()
 		if gs.LastSeq > 0 {
 			out.LatestFence = &core.Fence{GrantUID: g.UID, Epoch: st.Epoch, Seq: gs.LastSeq}
 		}

@@ -67,13 +67,7 @@ func (a *Agent) pressureShed(uid string) *core.Miss {
 	if limit == 0 {
 		return nil
 	}
-	a.mu.Lock()
-	rt := a.grants[uid]
-	var cg *cgroup.Grant
-	if rt != nil {
-		cg = rt.cg
-	}
-	a.mu.Unlock()
+	rt, cg, _ := a.lookup(uid)
 	if rt == nil {
 		return nil
 	}
