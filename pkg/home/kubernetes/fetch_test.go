@@ -172,6 +172,34 @@ func TestNewFetchesThePodsGrant(t *testing.T) {
 	}
 }
 
+// GrantTokenFile: "Empty means no fetch, and grants arrive only as
+// files", even with a controller's URL set: no request, no own grant, and
+// no renewal once the home runs.
+func TestNoTokenFileNoFetch(t *testing.T) {
+	srv := newGrantServer(t)
+	k := newWorld()
+	cfg := baseConfig(t, k, newClock())
+	srv.configure(t, &cfg)
+	cfg.GrantTokenFile = ""
+	// A fetch would wait on the fake clock; the deadline ends it.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	h, err := kubernetes.New(ctx, cfg)
+	if err != nil {
+		t.Fatalf("New without a token file: %v", err)
+	}
+	t.Cleanup(h.Close)
+	run(t, h)
+	rounds(t, k, 1)
+	settle()
+	if n := srv.count(); n != 0 {
+		t.Fatalf("%d grant requests without a token file, want none", n)
+	}
+	if tok, ok := h.OwnGrant(); ok || tok != nil {
+		t.Fatalf("OwnGrant() = %q, %v; want none", tok, ok)
+	}
+}
+
 // "retrying for up to GrantFetchTimeout": a 404 means "not yet" and is
 // retried, with backoff on the clock.
 func TestNewRetriesUntilTheGrantComes(t *testing.T) {

@@ -3,9 +3,11 @@ package kubernetes_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -209,36 +211,64 @@ func TestEndpointHostWaitsForTheAddress(t *testing.T) {
 }
 
 // "It returns "" when the Pod has no address of that family in time, and
-// logs the last read error once when it gives up."
+// logs the last read error once when it gives up": whether the reads fail
+// or the Pod never gets an address of the configured family.
 func TestEndpointHostGivesUpAfterPodIPWait(t *testing.T) {
-	logs := logtest.Recorder{Verbosity: 1}
-	h, k, clk := newHome(t, func(c *kubernetes.Config) { c.Family = endpoint.Inet6; c.Logger = logs.Logger() })
-	k.Fail(fake.GetPod, errors.New("kubelet has not written it"))
-	got := make(chan string, 1)
-	go func() { got <- h.EndpointHost() }()
-	start := clk.Now()
-	for {
-		select {
-		case ip := <-got:
-			if ip != "" {
-				t.Fatalf("EndpointHost() = %q, want \"\"", ip)
+	for _, tt := range []struct {
+		name     string
+		readsErr bool
+	}{
+		{"reads fail", true},
+		{"no address of the family", false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			logs := logtest.Recorder{Verbosity: 1}
+			h, k, clk := newHome(t, func(c *kubernetes.Config) { c.Family = endpoint.Inet6; c.Logger = logs.Logger() })
+			if tt.readsErr {
+				// Each read fails with its own error, so the log tells
+				// which one it carries.
+				var n atomic.Int32
+				k.Intercept(fake.GetPod, func(context.Context, string, string) error {
+					return fmt.Errorf("kubelet has not written it (read %d)", n.Add(1))
+				})
+			} else {
+				p := newPod()
+				p.Status.PodIP, p.Status.PodIPs = "10.0.0.7", []corev1.PodIP{{IP: "10.0.0.7"}}
+				k.SetPod(p)
 			}
-			if waited := clk.Since(start); waited < 90*time.Second {
-				t.Fatalf("gave up after %v, want 90s", waited)
+			got := make(chan string, 1)
+			go func() { got <- h.EndpointHost() }()
+			start := clk.Now()
+			for {
+				select {
+				case ip := <-got:
+					if ip != "" {
+						t.Fatalf("EndpointHost() = %q, want \"\"", ip)
+					}
+					if waited := clk.Since(start); waited < 90*time.Second {
+						t.Fatalf("gave up after %v, want 90s", waited)
+					}
+					if n := k.Calls(fake.GetPod); n != 181 {
+						t.Errorf("%d Pod reads in 90s, want 181 (one at once, then one per 500ms)", n)
+					}
+					if !tt.readsErr {
+						return
+					}
+					if n := len(logs.Matching("kubelet has not written it")); n != 1 {
+						t.Fatalf("the read error was logged %d times, want once", n)
+					}
+					if n := len(logs.Matching("kubelet has not written it (read 181)")); n != 1 {
+						t.Fatalf("the logged read error is not the last one; log:\n%s", logs.String())
+					}
+					return
+				default:
+				}
+				if clk.HasWaiters() {
+					clk.Step(500 * time.Millisecond)
+				}
+				time.Sleep(100 * time.Microsecond)
 			}
-			if n := k.Calls(fake.GetPod); n != 181 {
-				t.Errorf("%d Pod reads in 90s, want 181 (one at once, then one per 500ms)", n)
-			}
-			if n := len(logs.Matching("kubelet has not written it")); n != 1 {
-				t.Fatalf("the read error was logged %d times, want once", n)
-			}
-			return
-		default:
-		}
-		if clk.HasWaiters() {
-			clk.Step(500 * time.Millisecond)
-		}
-		time.Sleep(100 * time.Microsecond)
+		})
 	}
 }
 
@@ -441,6 +471,66 @@ func TestGrantsPollsTheDirectory(t *testing.T) {
 	}
 	if ev := next(kubernetes.DefaultGrantsPoll); ev.Kind != home.GrantRemoved || ev.UID != "grant-a" {
 		t.Fatalf("after the removal: %+v, want GrantRemoved grant-a", ev)
+	}
+}
+
+// GrantsPoll "is how often GrantsDir is read. Default DefaultGrantsPoll."
+// A change is read by the poll one GrantsPoll after the last, not before.
+func TestGrantsPollIsHowOftenTheDirectoryIsRead(t *testing.T) {
+	for _, tt := range []struct {
+		name string
+		set  time.Duration
+		want time.Duration
+	}{
+		{"default", 0, kubernetes.DefaultGrantsPoll},
+		{"configured", 5 * time.Second, 5 * time.Second},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			dir := t.TempDir()
+			h, _, clk := newHome(t, func(c *kubernetes.Config) { c.GrantsDir = dir; c.GrantsPoll = tt.set })
+			write := func(tok []byte) {
+				t.Helper()
+				if err := os.WriteFile(filepath.Join(dir, "a.jwt"), tok, 0o600); err != nil {
+					t.Fatal(err)
+				}
+			}
+			write(token("grant-a", epoch, epoch.Add(time.Hour)))
+			ctx, cancel := context.WithCancel(context.Background())
+			ch, err := h.Grants(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() {
+				cancel()
+				for range ch {
+				}
+			})
+			next := func(what string) home.GrantEvent {
+				t.Helper()
+				select {
+				case ev := <-ch:
+					return ev
+				case <-time.After(10 * time.Second):
+					t.Fatalf("no event: %s", what)
+					return home.GrantEvent{}
+				}
+			}
+			next("the first poll, at once")
+			// The change lands before the step that releases the poll
+			// meant to see it.
+			changed := token("grant-a", epoch, epoch.Add(2*time.Hour))
+			write(changed)
+			tick(t, clk, tt.want-time.Millisecond)
+			select {
+			case ev := <-ch:
+				t.Fatalf("event %+v %v after the last poll, before GrantsPoll (%v)", ev, tt.want-time.Millisecond, tt.want)
+			case <-time.After(50 * time.Millisecond):
+			}
+			clk.Step(time.Millisecond)
+			if ev := next("the poll one GrantsPoll later"); ev.Kind != home.GrantAdded || string(ev.Token) != string(changed) {
+				t.Fatalf("event %+v, want GrantAdded with the changed token", ev)
+			}
+		})
 	}
 }
 

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"slices"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -59,18 +58,7 @@ func (h *Home) Ready() bool {
 func (h *Home) repairCondition(ctx context.Context, pod *corev1.Pod) {
 	h.patchMu.Lock()
 	defer h.patchMu.Unlock()
-	h.mu.Lock()
-	ready := len(h.warm) > 0
-	var first string
-	if ready {
-		uids := make([]string, 0, len(h.warm))
-		for uid := range h.warm {
-			uids = append(uids, uid)
-		}
-		slices.Sort(uids)
-		first = uids[0]
-	}
-	h.mu.Unlock()
+	ready := h.Ready() // PublishReady changes the warm set only under patchMu
 	shown := corev1.ConditionFalse
 	for _, c := range pod.Status.Conditions {
 		if c.Type == PodConditionZygoteReady {
@@ -86,13 +74,28 @@ func (h *Home) repairCondition(ctx context.Context, pod *corev1.Pod) {
 	}
 	msg := "no grant has a warm template"
 	if ready {
-		msg = fmt.Sprintf("grant %s has a warm template", first)
+		msg = fmt.Sprintf("grant %s has a warm template", h.firstWarm())
 	}
 	if err := h.patchCondition(ctx, ready, msg); err != nil {
 		h.log.Error(err, "Repairing the Pod condition failed; retrying next poll", "condition", PodConditionZygoteReady, "ready", ready)
 		return
 	}
 	h.log.Info("Repaired the Pod condition", "condition", PodConditionZygoteReady, "was", shown, "ready", ready)
+}
+
+// firstWarm is the least UID of the grants whose template is warm, "" for
+// none. Only a repair that patches needs it, so a round that finds the
+// condition agreeing does not look.
+func (h *Home) firstWarm() string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var first string
+	for uid := range h.warm {
+		if first == "" || uid < first {
+			first = uid
+		}
+	}
+	return first
 }
 
 // conditionPatch is the strategic merge patch that sets only the

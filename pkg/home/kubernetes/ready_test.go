@@ -144,9 +144,10 @@ func TestFailedPatchIsRepairedByTheNextRound(t *testing.T) {
 	}
 	k.Fail(fake.PatchPodStatus, nil)
 	tick(t, clk, 15*time.Second)
-	eventually(t, "the condition repaired", func() bool {
+	eventually(t, "the condition repaired, naming the warm grant", func() bool {
 		c := condition(t, k)
-		return c != nil && c.Status == corev1.ConditionTrue && c.Reason == kubernetes.ReasonTemplateWarm
+		return c != nil && c.Status == corev1.ConditionTrue && c.Reason == kubernetes.ReasonTemplateWarm &&
+			strings.Contains(c.Message, "grant-a")
 	})
 }
 
