@@ -6,7 +6,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"fiberd.io/fiberd/internal/grantcli"
 	"flag"
 	"fmt"
 	"io"
@@ -17,6 +16,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"fiberd.io/fiberd/internal/grantcli"
 	"fiberd.io/fiberd/pkg/api"
 	"fiberd.io/fiberd/pkg/client"
 )
@@ -49,8 +49,7 @@ func isAgentCommand(name string) bool {
 // with the remaining arguments (the command first). ok is false when the
 // caller must exit with status.
 func parseGlobal(args []string, e env) (g global, rest []string, status int, ok bool) {
-	fs := flag.NewFlagSet("fiberctl", flag.ContinueOnError)
-	fs.SetOutput(e.stderr)
+	fs := grantcli.NewFlags("fiberctl", e.stderr)
 	fs.Usage = func() { usage(e.stderr) }
 	fs.StringVar(&g.addr, "addr", "", "fiberd's address: unix:///path/fiberd.sock or host:port (default $FIBERD_ADDR, else "+defaultSocket+" when it exists, else "+defaultTCP+")")
 	out := fs.String("o", "text", "output: text or json")
@@ -59,9 +58,9 @@ func parseGlobal(args []string, e env) (g global, rest []string, status int, ok 
 	fs.StringVar(&g.ca, "ca", "", "PEM CA bundle fiberd's server certificate chains to; any of -tls-cert or -ca turns TLS on")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
-			return g, nil, exitOK, false
+			return g, nil, grantcli.ExitOK, false
 		}
-		return g, nil, exitUsage, false
+		return g, nil, grantcli.ExitUsage, false
 	}
 	switch *out {
 	case "text":
@@ -69,16 +68,16 @@ func parseGlobal(args []string, e env) (g global, rest []string, status int, ok 
 		g.json = true
 	default:
 		fmt.Fprintf(e.stderr, "fiberctl: -o %q: want text or json\n", *out)
-		return g, nil, exitUsage, false
+		return g, nil, grantcli.ExitUsage, false
 	}
 	if (g.tlsCert == "") != (g.tlsKey == "") {
 		fmt.Fprintln(e.stderr, "fiberctl: -tls-cert and -tls-key go together")
-		return g, nil, exitUsage, false
+		return g, nil, grantcli.ExitUsage, false
 	}
 	if g.addr == "" {
 		g.addr = defaultAddr()
 	}
-	return g, fs.Args(), exitOK, true
+	return g, fs.Args(), grantcli.ExitOK, true
 }
 
 // defaultAddr is $FIBERD_ADDR, else fiberd's default socket when it
@@ -120,7 +119,7 @@ func runAgent(cmd string, args []string, g global, e env) int {
 	case "watch":
 		return cmdWatch(ctx, args, g, e)
 	}
-	return exitUsage
+	return grantcli.ExitUsage
 }
 
 // cmdClone: fiberctl clone [-grant-uid UID | -grant FILE] [-session S]
@@ -136,9 +135,9 @@ func cmdClone(ctx context.Context, args []string, g global, e env) int {
 	// A bare UID after the flags is accepted as -grant-uid.
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
-			return exitOK
+			return grantcli.ExitOK
 		}
-		return exitUsage
+		return grantcli.ExitUsage
 	}
 	switch {
 	case fs.NArg() == 1 && *uid == "":
@@ -188,10 +187,10 @@ func cmdClone(ctx context.Context, args []string, g global, e env) int {
 		return callFailed(fs, g, e, err)
 	}
 	if g.json {
-		return printJSON(e.stdout, resp)
+		return printJSON(e, resp)
 	}
 	fmt.Fprintf(e.stdout, "fiber     %s\nendpoint  %s\nkind      %s\ntook      %s\n", resp.FiberID, resp.Endpoint, resp.Kind, took.Round(10*time.Microsecond))
-	return exitOK
+	return grantcli.ExitOK
 }
 
 // cmdFiber: fiberctl release|park FIBER_ID
@@ -199,9 +198,9 @@ func cmdFiber(ctx context.Context, cmd string, args []string, g global, e env) i
 	fs := newFlags(cmd, e)
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
-			return exitOK
+			return grantcli.ExitOK
 		}
-		return exitUsage
+		return grantcli.ExitUsage
 	}
 	if fs.NArg() != 1 {
 		return grantcli.UsageError(fs, "want exactly one fiber id (uid/epoch/seq), got %d arguments", fs.NArg())
@@ -220,11 +219,11 @@ func cmdFiber(ctx context.Context, cmd string, args []string, g global, e env) i
 		return callFailed(fs, g, e, err)
 	}
 	if g.json {
-		return printJSON(e.stdout, api.FiberRequest{FiberID: id})
+		return printJSON(e, api.FiberRequest{FiberID: id})
 	}
 	verb := map[string]string{"release": "released", "park": "parked"}[cmd]
 	fmt.Fprintf(e.stdout, "%s %s\n", verb, id)
-	return exitOK
+	return grantcli.ExitOK
 }
 
 // cmdStatus: fiberctl status
@@ -242,10 +241,10 @@ func cmdStatus(ctx context.Context, args []string, g global, e env) int {
 		return callFailed(fs, g, e, err)
 	}
 	if g.json {
-		return printJSON(e.stdout, s)
+		return printJSON(e, s)
 	}
 	printStatus(e.stdout, s, e)
-	return exitOK
+	return grantcli.ExitOK
 }
 
 // cmdWatch: fiberctl watch — one status per change until interrupted.
@@ -267,12 +266,12 @@ func cmdWatch(ctx context.Context, args []string, g global, e env) int {
 		s, err := w.Next()
 		if err != nil {
 			if errors.Is(err, io.EOF) || ctx.Err() != nil {
-				return exitOK
+				return grantcli.ExitOK
 			}
 			return grantcli.Failure(fs, err)
 		}
 		if g.json {
-			if code := printJSON(e.stdout, s); code != exitOK {
+			if code := printJSON(e, s); code != grantcli.ExitOK {
 				return code
 			}
 			continue
@@ -282,21 +281,22 @@ func cmdWatch(ctx context.Context, args []string, g global, e env) int {
 }
 
 // callFailed reports a failed call: the refusal body as JSON on stdout
-// under -o json, and the error on stderr. The status is exitFailure.
+// under -o json, and the error on stderr. The status is grantcli.ExitFailure.
 func callFailed(fs *flag.FlagSet, g global, e env, err error) int {
 	if ce, ok := client.AsError(err); ok && g.json {
-		printJSON(e.stdout, ce.Body)
+		printJSON(e, ce.Body)
 	}
 	return grantcli.Failure(fs, err)
 }
 
-func printJSON(w io.Writer, v any) int {
-	enc := json.NewEncoder(w)
-	if err := enc.Encode(v); err != nil {
-		fmt.Fprintf(os.Stderr, "fiberctl: %v\n", err)
-		return exitFailure
+// printJSON writes v as one JSON line to e.stdout; a failure is reported
+// on e.stderr.
+func printJSON(e env, v any) int {
+	if err := json.NewEncoder(e.stdout).Encode(v); err != nil {
+		fmt.Fprintf(e.stderr, "fiberctl: %v\n", err)
+		return grantcli.ExitFailure
 	}
-	return exitOK
+	return grantcli.ExitOK
 }
 
 // printStatus writes the status for people: the agent's line, then one row

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"fiberd.io/fiberd/internal/grantcli"
 	"fiberd.io/fiberd/pkg/api"
 	"fiberd.io/fiberd/pkg/core"
 )
@@ -120,8 +121,8 @@ func TestClone(t *testing.T) {
 func TestCloneMiss(t *testing.T) {
 	_, addr := newAgent(t)
 	code, out, errs := runCmd(t, testNow, "", "-addr", addr, "-o", "json", "clone", "-grant-uid", "full")
-	if code != exitFailure {
-		t.Fatalf("exit %d, want %d", code, exitFailure)
+	if code != grantcli.ExitFailure {
+		t.Fatalf("exit %d, want %d", code, grantcli.ExitFailure)
 	}
 	var e api.Error
 	if err := json.Unmarshal([]byte(out), &e); err != nil || e.Code != "SHED" || e.RetryAfterSeconds != 2 {
@@ -144,7 +145,7 @@ func TestReleaseAndPark(t *testing.T) {
 		t.Fatalf("park: exit %d, %q", code, out)
 	}
 	code, _, errs := runCmd(t, testNow, "", "-addr", addr, "release", "g1/1/1")
-	if code != exitFailure || !strings.Contains(errs, "404 NOT_FOUND") {
+	if code != grantcli.ExitFailure || !strings.Contains(errs, "404 NOT_FOUND") {
 		t.Fatalf("release of an old fiber: exit %d, %q", code, errs)
 	}
 }
@@ -214,8 +215,8 @@ func TestAgentUsageErrors(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			code, _, errs := runCmd(t, testNow, "", tc.args...)
-			if code != exitUsage {
-				t.Errorf("exit %d, want %d (stderr %q)", code, exitUsage, errs)
+			if code != grantcli.ExitUsage {
+				t.Errorf("exit %d, want %d (stderr %q)", code, grantcli.ExitUsage, errs)
 			}
 			if !strings.Contains(errs, tc.want) {
 				t.Errorf("stderr %q does not name %q", errs, tc.want)
@@ -226,7 +227,7 @@ func TestAgentUsageErrors(t *testing.T) {
 
 func TestUnreachableAgentFails(t *testing.T) {
 	code, _, errs := runCmd(t, testNow, "", "-addr", "unix:///nonexistent/fiberd.sock", "status")
-	if code != exitFailure || !strings.Contains(errs, "fiberd.sock") {
+	if code != grantcli.ExitFailure || !strings.Contains(errs, "fiberd.sock") {
 		t.Fatalf("exit %d, stderr %q", code, errs)
 	}
 }

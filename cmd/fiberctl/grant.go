@@ -19,7 +19,7 @@ import (
 func runGrant(args []string, e env) int {
 	if len(args) == 0 {
 		fmt.Fprintln(e.stderr, "fiberctl grant: missing subcommand: keygen, mint or verify")
-		return exitUsage
+		return grantcli.ExitUsage
 	}
 	switch args[0] {
 	case "keygen":
@@ -30,7 +30,7 @@ func runGrant(args []string, e env) int {
 		return grantVerify(args[1:], e)
 	}
 	fmt.Fprintf(e.stderr, "fiberctl grant: unknown subcommand %q: want keygen, mint or verify\n", args[0])
-	return exitUsage
+	return grantcli.ExitUsage
 }
 
 // newFlags returns the flag set of "fiberctl NAME", reporting on e.stderr.
@@ -125,5 +125,5 @@ func grantVerify(args []string, e env) int {
 		Expiry: g.Expiry, Expired: g.Expired(e.clock.Now()),
 	}, "", "  ")
 	fmt.Fprintf(e.stdout, "%s\n", out)
-	return exitOK
+	return grantcli.ExitOK
 }

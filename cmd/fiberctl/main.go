@@ -16,12 +16,13 @@
 package main
 
 import (
-	"fiberd.io/fiberd/internal/grantcli"
 	"fmt"
 	"io"
 	"os"
 
 	"k8s.io/utils/clock"
+
+	"fiberd.io/fiberd/internal/grantcli"
 )
 
 // env is what a command may touch besides its flags: its input, outputs
@@ -32,13 +33,6 @@ type env struct {
 	stderr io.Writer
 	clock  clock.PassiveClock
 }
-
-// Exit codes, the same in every command (package grantcli).
-const (
-	exitOK      = grantcli.ExitOK
-	exitFailure = grantcli.ExitFailure
-	exitUsage   = grantcli.ExitUsage
-)
 
 func main() {
 	os.Exit(run(os.Args[1:], env{stdin: os.Stdin, stdout: os.Stdout, stderr: os.Stderr, clock: clock.RealClock{}}))
@@ -52,21 +46,21 @@ func run(args []string, e env) int {
 	}
 	if len(args) == 0 {
 		usage(e.stderr)
-		return exitUsage
+		return grantcli.ExitUsage
 	}
 	switch args[0] {
 	case "grant":
 		return runGrant(args[1:], e)
 	case "help", "-h", "-help", "--help":
 		usage(e.stdout)
-		return exitOK
+		return grantcli.ExitOK
 	}
 	if isAgentCommand(args[0]) {
 		return runAgent(args[0], args[1:], g, e)
 	}
 	fmt.Fprintf(e.stderr, "fiberctl: unknown command %q\n", args[0])
 	usage(e.stderr)
-	return exitUsage
+	return grantcli.ExitUsage
 }
 
 func usage(w io.Writer) {

@@ -48,6 +48,13 @@ type devSetup struct {
 	grants []devGrant
 }
 
+// devSpec is one template -dev grants: the spec file's bytes, which the
+// grant's digest is taken of, and whether it is served from a zygote.
+type devSpec struct {
+	raw    []byte
+	zygote bool
+}
+
 // devGrant is one grant -dev minted.
 type devGrant struct {
 	UID      string
@@ -95,7 +102,7 @@ func prepareDev(o *options, log logr.Logger) (*devSetup, error) {
 	}
 	o.issuerKeys = filepath.Join(devDir, "jwks.json")
 
-	var specs map[string][]byte // by template name: the spec file's bytes
+	var specs map[string]devSpec // by template name
 	if o.templates != "" {
 		specs, err = readSpecs(o.templates)
 	} else {
@@ -139,13 +146,13 @@ func devKey(dir string) (jose.JSONWebKey, error) {
 	return key, nil
 }
 
-// readSpecs reads every <name>.json of dir.
-func readSpecs(dir string) (map[string][]byte, error) {
+// readSpecs reads and parses every <name>.json of dir.
+func readSpecs(dir string) (map[string]devSpec, error) {
 	entries, err := os.ReadDir(dir)
 	if err != nil {
 		return nil, fmt.Errorf("-templates: %w", err)
 	}
-	specs := map[string][]byte{}
+	specs := map[string]devSpec{}
 	for _, e := range entries {
 		name, ok := strings.CutSuffix(e.Name(), ".json")
 		if !ok || !e.Type().IsRegular() {
@@ -155,10 +162,11 @@ func readSpecs(dir string) (map[string][]byte, error) {
 		if err != nil {
 			return nil, fmt.Errorf("-templates: %w", err)
 		}
-		if _, err := template.Parse(b); err != nil {
+		spec, err := template.Parse(b)
+		if err != nil {
 			return nil, fmt.Errorf("-templates: %s: %w", e.Name(), err)
 		}
-		specs[name] = b
+		specs[name] = devSpec{raw: b, zygote: spec.Zygote}
 	}
 	return specs, nil
 }
@@ -168,7 +176,7 @@ func readSpecs(dir string) (map[string][]byte, error) {
 // zygote, and counter-c-cold and counter-py-cold, the same programs served
 // BASIC by fork+exec, for comparing the two. A language whose toolchain is
 // missing (cc, python3) is skipped with a log line.
-func writeExampleSpecs(dir, devDir string, log logr.Logger) (map[string][]byte, error) {
+func writeExampleSpecs(dir, devDir string, log logr.Logger) (map[string]devSpec, error) {
 	root, err := devkit.FindCheckout()
 	if err != nil {
 		return nil, err
@@ -176,13 +184,13 @@ func writeExampleSpecs(dir, devDir string, log logr.Logger) (map[string][]byte, 
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
 	}
-	specs := map[string][]byte{}
+	specs := map[string]devSpec{}
 	add := func(name string, s template.Spec) error {
 		b, err := devkit.WriteSpec(dir, name, s)
 		if err != nil {
 			return err
 		}
-		specs[name] = b
+		specs[name] = devSpec{raw: b, zygote: s.Zygote}
 		return nil
 	}
 
@@ -213,7 +221,7 @@ func writeExampleSpecs(dir, devDir string, log logr.Logger) (map[string][]byte, 
 // UID is "dev-<name>-<8 hex of the key id>": stable for a state directory,
 // distinct between state directories, so two -dev instances on one host
 // never share a grant's cgroup.
-func mintDevGrants(grantsDir, nodeID string, key jose.JSONWebKey, specs map[string][]byte, clk clock.PassiveClock) ([]devGrant, error) {
+func mintDevGrants(grantsDir, nodeID string, key jose.JSONWebKey, specs map[string]devSpec, clk clock.PassiveClock) ([]devGrant, error) {
 	signer, err := grant.NewSigner(key)
 	if err != nil {
 		return nil, err
@@ -224,10 +232,6 @@ func mintDevGrants(grantsDir, nodeID string, key jose.JSONWebKey, specs map[stri
 	var out []devGrant
 	keep := map[string]bool{}
 	for _, name := range slices.Sorted(maps.Keys(specs)) {
-		spec, err := template.Parse(specs[name])
-		if err != nil {
-			return nil, fmt.Errorf("template %q: %w", name, err)
-		}
 		prefix := "dev-" + name
 		if max := 63 - len(suffix) - 1; len(prefix) > max {
 			prefix = strings.TrimRight(prefix[:max], "-")
@@ -236,7 +240,7 @@ func mintDevGrants(grantsDir, nodeID string, key jose.JSONWebKey, specs map[stri
 			UID:      prefix + "-" + suffix,
 			Issuer:   devIssuer,
 			Audience: nodeID,
-			Template: name + "@sha256:" + template.Digest(specs[name]),
+			Template: name + "@sha256:" + template.Digest(specs[name].raw),
 			Fibers:   core.Fibers{Max: devFibersMax},
 			IssuedAt: now,
 			Expiry:   now.Add(devLease),
@@ -250,7 +254,7 @@ func mintDevGrants(grantsDir, nodeID string, key jose.JSONWebKey, specs map[stri
 			return nil, err
 		}
 		keep[file] = true
-		out = append(out, devGrant{UID: g.UID, Template: name, Warm: spec.Zygote})
+		out = append(out, devGrant{UID: g.UID, Template: name, Warm: specs[name].zygote})
 	}
 	entries, _ := os.ReadDir(grantsDir)
 	for _, e := range entries {
@@ -284,11 +288,9 @@ func (d *devSetup) warmCount() int {
 // announce waits until every -dev grant with a zygote is warm (or
 // devWarmWait passed, or the agent stopped) and prints what to run next.
 func (d *devSetup) announce(ctx context.Context, agent *fiberd.Agent, stopped <-chan struct{}, stdout io.Writer, log logr.Logger) {
-	addr, flagAddr := "", ""
-	if tcp := addrString(agent); tcp != "" {
-		addr, flagAddr = tcp, tcp
-	} else if s := agent.SocketPath(); s != "" {
-		addr, flagAddr = "unix://"+s, "unix://"+s
+	addr := addrString(agent)
+	if addr == "" && agent.SocketPath() != "" {
+		addr = "unix://" + agent.SocketPath()
 	}
 	if addr == "" {
 		return
@@ -297,6 +299,10 @@ func (d *devSetup) announce(ctx context.Context, agent *fiberd.Agent, stopped <-
 	if err != nil {
 		log.Error(err, "Cannot watch the -dev grants warm up")
 		return
+	}
+	zygotes := map[string]bool{} // by grant UID: served from a zygote
+	for _, g := range d.grants {
+		zygotes[g.UID] = g.Warm
 	}
 	warm := map[string]bool{}
 	wait := time.NewTimer(devWarmWait)
@@ -317,10 +323,6 @@ poll:
 			st, err := c.Status(ctx)
 			if err != nil {
 				continue
-			}
-			zygotes := map[string]bool{}
-			for _, g := range d.grants {
-				zygotes[g.UID] = g.Warm
 			}
 			for _, g := range st.Grants {
 				if g.Warm && zygotes[g.UID] {
@@ -364,8 +366,8 @@ poll:
 			break
 		}
 	}
-	fmt.Fprintf(stdout, "  go run ./cmd/fiberctl -addr %s clone -grant-uid %s\n", flagAddr, first.UID)
-	fmt.Fprintf(stdout, "  go run ./cmd/fiberctl -addr %s status\n", flagAddr)
+	fmt.Fprintf(stdout, "  go run ./cmd/fiberctl -addr %s clone -grant-uid %s\n", addr, first.UID)
+	fmt.Fprintf(stdout, "  go run ./cmd/fiberctl -addr %s status\n", addr)
 	fmt.Fprintln(stdout, "  curl <the endpoint clone printed>")
 	fmt.Fprintln(stdout, "Stop with Ctrl-C: every fiber is released and every zygote stopped.")
 }

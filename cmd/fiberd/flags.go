@@ -364,7 +364,7 @@ func (o *options) checkListen() error {
 	if isLoopback(host) {
 		return nil
 	}
-	if host == "" || net.ParseIP(host) != nil && net.ParseIP(host).IsUnspecified() {
+	if ip := net.ParseIP(host); host == "" || ip != nil && ip.IsUnspecified() {
 		return bad("listen", "plaintext on the wildcard address %q: name the non-loopback address to expose, or use TLS", o.listen)
 	}
 	if !o.listenSet {

@@ -172,12 +172,13 @@ func TestParseFlagsModes(t *testing.T) {
 func TestParseFlagsRefusals(t *testing.T) {
 	sa := func(extra ...string) []string { return append(append([]string{}, standaloneArgs...), extra...) }
 	ka := func(extra ...string) []string { return append(append([]string{}, kubeArgs...), extra...) }
-	tests := []struct {
+	type refusal struct {
 		name string
 		args []string
 		env  environ
 		flag string // the message must name it
-	}{
+	}
+	tests := []refusal{
 		{"unknown flag", sa("-bogus"), testEnv, "-bogus"},
 		{"double-dash unknown", sa("--nope=1"), testEnv, "-nope"},
 		{"positional argument", sa("extra"), testEnv, "extra"},
@@ -236,12 +237,7 @@ func TestParseFlagsRefusals(t *testing.T) {
 		{"grant issuer url without token", ka("-grant-issuer-url", "https://ctl"), kubeEnv, "-grant-token-file"},
 	}
 	if !fiberd.TestHooks {
-		tests = append(tests, struct {
-			name string
-			args []string
-			env  environ
-			flag string
-		}{"admin-unsafe without testhooks", sa("-admin-unsafe"), testEnv, "-admin-unsafe"})
+		tests = append(tests, refusal{"admin-unsafe without testhooks", sa("-admin-unsafe"), testEnv, "-admin-unsafe"})
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -135,7 +135,7 @@ func serve(args []string, e env) int {
 	}
 	<-done
 	log.Info("stopped")
-	return exitOK
+	return grantcli.ExitOK
 }
 
 // kubeClient builds a clientset from kubeconfig, or in-cluster when empty.

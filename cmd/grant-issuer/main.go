@@ -35,7 +35,6 @@ package main
 
 import (
 	"context"
-	"fiberd.io/fiberd/internal/grantcli"
 	"fmt"
 	"io"
 	"os"
@@ -43,6 +42,8 @@ import (
 	"syscall"
 
 	"k8s.io/utils/clock"
+
+	"fiberd.io/fiberd/internal/grantcli"
 )
 
 // env is what a command may touch besides its flags. Tests pass their own.
@@ -53,13 +54,6 @@ type env struct {
 	// ctx ends serve; main ends it on SIGTERM or SIGINT.
 	ctx context.Context
 }
-
-// Exit codes, the same in every command (package grantcli).
-const (
-	exitOK      = grantcli.ExitOK
-	exitFailure = grantcli.ExitFailure
-	exitUsage   = grantcli.ExitUsage
-)
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
@@ -72,7 +66,7 @@ func main() {
 func run(args []string, e env) int {
 	if len(args) == 0 {
 		usage(e.stderr)
-		return exitUsage
+		return grantcli.ExitUsage
 	}
 	switch args[0] {
 	case "keygen":
@@ -83,11 +77,11 @@ func run(args []string, e env) int {
 		return serve(args[1:], e)
 	case "help", "-h", "-help", "--help":
 		usage(e.stdout)
-		return exitOK
+		return grantcli.ExitOK
 	}
 	fmt.Fprintf(e.stderr, "grant-issuer: unknown command %q\n", args[0])
 	usage(e.stderr)
-	return exitUsage
+	return grantcli.ExitUsage
 }
 
 func usage(w io.Writer) {

@@ -11,6 +11,7 @@ import (
 
 	clocktesting "k8s.io/utils/clock/testing"
 
+	"fiberd.io/fiberd/internal/grantcli"
 	"fiberd.io/fiberd/pkg/grant"
 )
 
@@ -28,7 +29,7 @@ func runCmd(t *testing.T, args ...string) (code int, stdout, stderr string) {
 func TestKeygenMint(t *testing.T) {
 	dir := t.TempDir()
 	key, jwks := filepath.Join(dir, "key.jwk"), filepath.Join(dir, "jwks.json")
-	if code, _, stderr := runCmd(t, "keygen", "-kid", "dev", "-out", key, "-jwks-out", jwks); code != exitOK {
+	if code, _, stderr := runCmd(t, "keygen", "-kid", "dev", "-out", key, "-jwks-out", jwks); code != grantcli.ExitOK {
 		t.Fatalf("keygen: %d %s", code, stderr)
 	}
 	if fi, err := os.Stat(key); err != nil || fi.Mode().Perm() != 0o600 {
@@ -36,7 +37,7 @@ func TestKeygenMint(t *testing.T) {
 	}
 	code, tok, stderr := runCmd(t, "mint", "-key", key, "-issuer", "https://issuer.test", "-audience", "grant-0",
 		"-template", tmpl, "-uid", "8c1b5e4c-3c43-4d4e-9a55-1f2a1b3c4d5e", "-max", "3", "-lease", "20s")
-	if code != exitOK {
+	if code != grantcli.ExitOK {
 		t.Fatalf("mint: %d %s", code, stderr)
 	}
 	keys, err := grant.ReadStaticKeys(jwks)
@@ -66,21 +67,21 @@ func TestUsage(t *testing.T) {
 		code int
 		msg  string
 	}{
-		{"no command", nil, exitUsage, "usage"},
-		{"unknown command", []string{"frobnicate"}, exitUsage, `unknown command "frobnicate"`},
-		{"help names the production controller", []string{"help"}, exitOK, "separate project"},
+		{"no command", nil, grantcli.ExitUsage, "usage"},
+		{"unknown command", []string{"frobnicate"}, grantcli.ExitUsage, `unknown command "frobnicate"`},
+		{"help names the production controller", []string{"help"}, grantcli.ExitOK, "separate project"},
 		// The keygen and mint checks are grantcli's (tested there); these
 		// show grant-issuer runs them under its own names, mint with
 		// fibers.max only.
-		{"keygen without out", []string{"keygen"}, exitUsage, "grant-issuer keygen: -out is required"},
-		{"mint without template", []string{"mint", "-key", "k", "-issuer", "i", "-audience", "a"}, exitUsage, "grant-issuer mint: -template is required"},
-		{"mint has no -warm", []string{"mint", "-key", "k", "-issuer", "i", "-audience", "a", "-template", tmpl, "-warm", "1"}, exitUsage, "not defined: -warm"},
-		{"mint help names the Pod", []string{"mint", "-h"}, exitOK, "the Pod name"},
-		{"serve without issuer", []string{"serve"}, exitUsage, "-issuer is required"},
-		{"serve without tls", []string{"serve", "-issuer", "https://x", "-key", badKey}, exitUsage, "-tls-cert is required"},
-		{"serve short lease", []string{"serve", "-issuer", "https://x", "-key", badKey, "-tls-cert", "c", "-tls-key", "k", "-lease", "100ms"}, exitUsage, "-lease"},
-		{"serve unreadable key", []string{"serve", "-issuer", "https://x", "-key", badKey, "-tls-cert", "c", "-tls-key", "k"}, exitFailure, "-key"},
-		{"stray argument", []string{"serve", "extra"}, exitUsage, "unexpected argument"},
+		{"keygen without out", []string{"keygen"}, grantcli.ExitUsage, "grant-issuer keygen: -out is required"},
+		{"mint without template", []string{"mint", "-key", "k", "-issuer", "i", "-audience", "a"}, grantcli.ExitUsage, "grant-issuer mint: -template is required"},
+		{"mint has no -warm", []string{"mint", "-key", "k", "-issuer", "i", "-audience", "a", "-template", tmpl, "-warm", "1"}, grantcli.ExitUsage, "not defined: -warm"},
+		{"mint help names the Pod", []string{"mint", "-h"}, grantcli.ExitOK, "the Pod name"},
+		{"serve without issuer", []string{"serve"}, grantcli.ExitUsage, "-issuer is required"},
+		{"serve without tls", []string{"serve", "-issuer", "https://x", "-key", badKey}, grantcli.ExitUsage, "-tls-cert is required"},
+		{"serve short lease", []string{"serve", "-issuer", "https://x", "-key", badKey, "-tls-cert", "c", "-tls-key", "k", "-lease", "100ms"}, grantcli.ExitUsage, "-lease"},
+		{"serve unreadable key", []string{"serve", "-issuer", "https://x", "-key", badKey, "-tls-cert", "c", "-tls-key", "k"}, grantcli.ExitFailure, "-key"},
+		{"stray argument", []string{"serve", "extra"}, grantcli.ExitUsage, "unexpected argument"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			code, stdout, stderr := runCmd(t, tc.args...)

@@ -113,9 +113,9 @@ func (o CacheOptions) withDefaults() CacheOptions {
 // kids at once, so an issuer can rotate keys by publishing the new one before
 // signing with it.
 //
-// The Cache has no goroutine of its own: its owner (the Kubernetes home's
-// Run, or pkg/fiberd) calls Refresh on its own schedule, and Key refreshes on
-// demand. It is safe for concurrent use.
+// The Cache has no goroutine of its own: its owner, the home's Run
+// (pkg/home/standalone or pkg/home/kubernetes), calls Refresh on its own
+// schedule, and Key refreshes on demand. It is safe for concurrent use.
 type Cache struct {
 	issuer    string
 	discovery string

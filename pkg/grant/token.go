@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -96,12 +97,7 @@ func parseHeader(seg []byte) (header, error) {
 }
 
 func algorithmAllowed(alg string) bool {
-	for _, a := range algorithms {
-		if string(a) == alg {
-			return true
-		}
-	}
-	return false
+	return slices.Contains(algorithms, jose.SignatureAlgorithm(alg))
 }
 
 // members reads a JSON object into its members by exact name. Duplicate
@@ -148,14 +144,7 @@ func members(data []byte) (map[string]json.RawMessage, error) {
 // onlyMembers refuses any member of m not in allowed.
 func onlyMembers(where string, m map[string]json.RawMessage, allowed ...string) error {
 	for name := range m {
-		known := false
-		for _, a := range allowed {
-			if name == a {
-				known = true
-				break
-			}
-		}
-		if !known {
+		if !slices.Contains(allowed, name) {
 			return fmt.Errorf("%s has unknown member %q", where, name)
 		}
 	}
@@ -172,21 +161,6 @@ func stringMember(m map[string]json.RawMessage, name string, dst *string) error 
 	if err := json.Unmarshal(raw, dst); err != nil {
 		return fmt.Errorf("%s is not a string", name)
 	}
-	return nil
-}
-
-// intMember sets *dst to the integer member name of m, leaving it alone when
-// the member is absent.
-func intMember(m map[string]json.RawMessage, name string, dst *int64) error {
-	raw, ok := m[name]
-	if !ok {
-		return nil
-	}
-	n, err := strconv.ParseInt(string(raw), 10, 64)
-	if err != nil {
-		return fmt.Errorf("%s is not an integer", name)
-	}
-	*dst = n
 	return nil
 }
 

@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/sha256"
 	"errors"
-	"fiberd.io/fiberd/pkg/core"
 	"fmt"
 	"io"
 	"io/fs"
@@ -19,6 +18,8 @@ import (
 	"github.com/go-logr/logr"
 	"k8s.io/klog/v2"
 	"k8s.io/utils/clock"
+
+	"fiberd.io/fiberd/pkg/core"
 )
 
 // DefaultGrantsPoll is how often a file lane reads its directory when

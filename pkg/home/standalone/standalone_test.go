@@ -191,7 +191,9 @@ func TestGrantsFromTheDirectory(t *testing.T) {
 	}
 
 	tok := mintToken(t, "g-one")
-	writeAtomic(t, filepath.Join(dir, "one.jwt"), tok)
+	if err := core.WriteFileAtomic(filepath.Join(dir, "one.jwt"), tok, 0o600); err != nil {
+		t.Fatal(err)
+	}
 	ev := nextEvent(t, clk, ch)
 	if ev.Kind != home.GrantAdded || ev.UID != "g-one" || string(ev.Token) != string(tok) {
 		t.Fatalf("event %v %q, want GrantAdded g-one with the token", ev.Kind, ev.UID)
@@ -371,17 +373,6 @@ func mintToken(t *testing.T, uid string) []byte {
 		t.Fatal(err)
 	}
 	return tok
-}
-
-func writeAtomic(t *testing.T, path string, b []byte) {
-	t.Helper()
-	tmp := filepath.Join(filepath.Dir(path), ".tmp-"+filepath.Base(path))
-	if err := os.WriteFile(tmp, b, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		t.Fatal(err)
-	}
 }
 
 // nextEvent steps the lane's ticker until an event arrives.

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -141,13 +142,7 @@ func (c Config) Validate() error {
 	if c.Signer == nil {
 		return errors.New("issuer: Config.Signer is nil: make one with grant.NewSigner")
 	}
-	found := false
-	for _, k := range c.Keys {
-		if k.KeyID == c.Signer.KeyID() {
-			found = true
-		}
-	}
-	if !found {
+	if !slices.ContainsFunc(c.Keys, func(k jose.JSONWebKey) bool { return k.KeyID == c.Signer.KeyID() }) {
 		return fmt.Errorf("issuer: Config.Keys has no key with the signer's kid %q: publish the signing key", c.Signer.KeyID())
 	}
 	if c.Kube == nil {
@@ -349,13 +344,7 @@ func (s *Server) review(ctx context.Context, token string, ref *podRef) *refusal
 		}
 		return refuse(http.StatusUnauthorized, "token not authenticated for audience %q: %s", s.cfg.Audience, why)
 	}
-	audOK := false
-	for _, a := range st.Audiences {
-		if a == s.cfg.Audience {
-			audOK = true
-		}
-	}
-	if !audOK {
+	if !slices.Contains(st.Audiences, s.cfg.Audience) {
 		return refuse(http.StatusUnauthorized, "token review did not confirm audience %q (got %q)", s.cfg.Audience, st.Audiences)
 	}
 	parts := strings.Split(st.User.Username, ":")

@@ -1,0 +1,96 @@
+package main
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	clocktesting "k8s.io/utils/clock/testing"
+
+	"fiberd.io/fiberd/internal/devkit"
+	"fiberd.io/fiberd/pkg/grant"
+	"fiberd.io/fiberd/pkg/template"
+)
+
+// TestDevGrantsFromSpecs: -dev with -templates grants every spec of the
+// directory, served WARM when the spec is a zygote, under a UID stable for
+// the key; the grant names the spec file's digest, and grant files of
+// templates no longer there are removed.
+func TestDevGrantsFromSpecs(t *testing.T) {
+	specDir, grantsDir, devDir := t.TempDir(), t.TempDir(), t.TempDir()
+	for _, zygote := range []bool{true, false} {
+		if _, err := devkit.WriteSpec(specDir, devkit.ColdName("counter", zygote), devkit.CounterCSpec("/opt/counter", zygote)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(grantsDir, "gone.jwt"), []byte("old"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	specs, err := readSpecs(specDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	key, err := devKey(devDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	clk := clocktesting.NewFakePassiveClock(time.Unix(1_800_000_000, 0))
+	grants, err := mintDevGrants(grantsDir, "node-a", key, specs, clk)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(grants) != 2 || grants[0].Template != "counter" || !grants[0].Warm || grants[1].Template != "counter-cold" || grants[1].Warm {
+		t.Fatalf("grants %+v: want counter (WARM) and counter-cold (BASIC)", grants)
+	}
+	if _, err := os.Stat(filepath.Join(grantsDir, "gone.jwt")); !os.IsNotExist(err) {
+		t.Errorf("the grant file of a template no longer there was kept (stat: %v)", err)
+	}
+
+	keys, err := grant.ReadStaticKeys(filepath.Join(devDir, "jwks.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, err := grant.NewVerifier(grant.VerifierConfig{Issuer: devIssuer, Audience: "node-a", Keys: keys, Clock: clk})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, dg := range grants {
+		if !strings.HasPrefix(dg.UID, "dev-"+dg.Template+"-") {
+			t.Errorf("grant UID %q does not name its template %q", dg.UID, dg.Template)
+		}
+		tok, err := os.ReadFile(filepath.Join(grantsDir, dg.Template+".jwt"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		g, err := v.Verify(context.Background(), tok)
+		if err != nil {
+			t.Fatalf("grant file of %s: %v", dg.Template, err)
+		}
+		spec, err := os.ReadFile(filepath.Join(specDir, dg.Template+".json"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if g.UID != dg.UID || g.Template != dg.Template+"@sha256:"+template.Digest(spec) || g.Fibers.Max != devFibersMax {
+			t.Errorf("grant %+v: want uid %s, the spec file's digest and fibers.max %d", g, dg.UID, devFibersMax)
+		}
+	}
+
+	// The same key gives the same UIDs: a restart with the same -state
+	// admits the same grants.
+	again, err := devKey(devDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	grants2, err := mintDevGrants(grantsDir, "node-a", again, specs, clk)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range grants {
+		if grants2[i].UID != grants[i].UID {
+			t.Errorf("UID of %s changed with the same key: %s, then %s", grants[i].Template, grants[i].UID, grants2[i].UID)
+		}
+	}
+}
