@@ -293,7 +293,7 @@ func (o *options) checkDev(set map[string]bool, kube bool) error {
 		if err != nil {
 			return bad("listen", "%q is not host:port: %v", o.listen, err)
 		}
-		if !isLoopback(host) {
+		if !endpoint.IsLoopbackHost(host) {
 			return bad("listen", "-dev serves plaintext on loopback only; %q is not a loopback address", o.listen)
 		}
 	}
@@ -320,7 +320,7 @@ func (o *options) checkIssuer() error {
 	if err != nil || u.Host == "" || u.RawQuery != "" || u.Fragment != "" {
 		return bad("issuer", "%q is not an absolute URL without query or fragment", o.issuer)
 	}
-	if u.Scheme != "https" && !(u.Scheme == "http" && isLoopback(u.Hostname())) {
+	if u.Scheme != "https" && !(u.Scheme == "http" && endpoint.IsLoopbackHost(u.Hostname())) {
 		return bad("issuer", "%q must be https (http only to a loopback issuer), or give -issuer-keys to verify offline", o.issuer)
 	}
 	return nil
@@ -361,7 +361,7 @@ func (o *options) checkListen() error {
 	if !o.insecurePlaintext {
 		return bad("listen", "%s has no TLS: set -tls-cert, -tls-key and -client-ca, or -insecure-plaintext on a loopback address, or -listen= to serve the unix socket only", o.listen)
 	}
-	if isLoopback(host) {
+	if endpoint.IsLoopbackHost(host) {
 		return nil
 	}
 	if ip := net.ParseIP(host); host == "" || ip != nil && ip.IsUnspecified() {
@@ -412,13 +412,4 @@ func (o *options) checkKube() error {
 		return bad("templates", "is required: the directory of template specs")
 	}
 	return nil
-}
-
-// isLoopback reports whether host is a loopback IP or "localhost".
-func isLoopback(host string) bool {
-	if host == "localhost" {
-		return true
-	}
-	ip := net.ParseIP(host)
-	return ip != nil && ip.IsLoopback()
 }

@@ -357,13 +357,3 @@ func (e *exitQueue) close() {
 	close(e.stop)
 	<-e.done
 }
-
-// clockTimeout is context.WithTimeout on the injected clock.
-func clockTimeout(ctx context.Context, clk clock.WithDelayedExecution, d time.Duration) (context.Context, context.CancelFunc) {
-	ctx, cancel := context.WithCancel(ctx)
-	t := clk.AfterFunc(d, cancel)
-	return ctx, func() {
-		t.Stop()
-		cancel()
-	}
-}

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"k8s.io/utils/clock"
+
+	"fiberd.io/fiberd/pkg/core"
 )
 
 // capLog is a template's log file: it keeps the first max bytes written and
@@ -100,7 +102,7 @@ func (l *logPipe) abort() error {
 // take what is left in the pipe, then closes r and the file.
 func (l *logPipe) drain(ctx context.Context, clk clock.WithDelayedExecution) {
 	_ = l.w.Close()
-	dctx, cancel := clockTimeout(ctx, clk, time.Second)
+	dctx, cancel := core.WithTimeout(ctx, clk, time.Second)
 	select {
 	case <-l.done:
 	case <-dctx.Done():

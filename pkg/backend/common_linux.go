@@ -15,6 +15,7 @@ import (
 	"github.com/go-logr/logr"
 	"golang.org/x/sys/unix"
 
+	"fiberd.io/fiberd/pkg/core"
 	"fiberd.io/fiberd/pkg/template"
 )
 
@@ -45,7 +46,7 @@ func (c *common) Exits() <-chan Exit { return c.exits.out }
 // one KillTimeout, waits for every goroutine the backend started, closes
 // Exits, and returns the stops' errors joined.
 func (c *common) shutdown(stops []func(context.Context) error) error {
-	ctx, cancel := clockTimeout(context.Background(), c.cfg.Clock, c.cfg.KillTimeout)
+	ctx, cancel := core.WithTimeout(context.Background(), c.cfg.Clock, c.cfg.KillTimeout)
 	var errs []error
 	for _, stop := range stops {
 		if err := stop(ctx); err != nil {

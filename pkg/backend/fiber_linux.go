@@ -57,7 +57,7 @@ func (c *common) finish(f *fiber, r ExitReason) {
 	if f.killed.Load() {
 		r.Killed = true
 	}
-	ctx, cancel := clockTimeout(context.Background(), c.cfg.Clock, c.cfg.KillTimeout)
+	ctx, cancel := core.WithTimeout(context.Background(), c.cfg.Clock, c.cfg.KillTimeout)
 	defer cancel()
 	if f.leaf != "" {
 		if err := cgroup.At(f.leaf).Destroy(ctx); err != nil {

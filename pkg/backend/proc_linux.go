@@ -276,7 +276,7 @@ func (z *zygote) start(ctx context.Context, req WarmRequest) (err error) {
 	go func() { defer p.wg.Done(); z.wait() }()
 	p.log.Info("Zygote started", "grant", z.uid, "pid", z.cmd.Process.Pid, "cgroup", z.leaf, "log", lp.path)
 
-	wctx, cancel := clockTimeout(ctx, p.cfg.Clock, p.cfg.WarmTimeout)
+	wctx, cancel := core.WithTimeout(ctx, p.cfg.Clock, p.cfg.WarmTimeout)
 	defer cancel()
 	select {
 	case <-z.ready:
@@ -306,7 +306,7 @@ func (z *zygote) kill() {
 		return
 	}
 	if z.leaf != "" {
-		ctx, cancel := clockTimeout(context.Background(), z.p.cfg.Clock, z.p.cfg.KillTimeout)
+		ctx, cancel := core.WithTimeout(context.Background(), z.p.cfg.Clock, z.p.cfg.KillTimeout)
 		_ = cgroup.At(z.leaf).Kill(ctx)
 		cancel()
 	}
@@ -396,7 +396,7 @@ func (z *zygote) handle(m message) {
 			p.wg.Add(1)
 			go func() {
 				defer p.wg.Done()
-				ctx, cancel := clockTimeout(context.Background(), p.cfg.Clock, p.cfg.KillTimeout)
+				ctx, cancel := core.WithTimeout(context.Background(), p.cfg.Clock, p.cfg.KillTimeout)
 				defer cancel()
 				_ = f.signal(ctx)
 			}()
@@ -437,7 +437,7 @@ func (z *zygote) wait() {
 
 	// EXITED messages the zygote sent before it died are still queued;
 	// read them (the socket ends once the zygote's copy is closed).
-	ctx, cancel := clockTimeout(context.Background(), p.cfg.Clock, 2*time.Second)
+	ctx, cancel := core.WithTimeout(context.Background(), p.cfg.Clock, 2*time.Second)
 	select {
 	case <-z.readerDone:
 	case <-ctx.Done():
@@ -456,7 +456,7 @@ func (z *zygote) wait() {
 	for _, pc := range pending {
 		pc.ch <- cloneResult{err: fmt.Errorf("zygote ended: %w", ErrCold)}
 	}
-	ctx, cancel = clockTimeout(context.Background(), p.cfg.Clock, p.cfg.KillTimeout)
+	ctx, cancel = core.WithTimeout(context.Background(), p.cfg.Clock, p.cfg.KillTimeout)
 	var fw sync.WaitGroup
 	list := make([]*fiber, 0, len(fibers))
 	for _, f := range fibers {
@@ -563,7 +563,7 @@ func (p *Proc) Clone(ctx context.Context, req CloneRequest) (Fiber, error) {
 		// It arrived just as ctx ended: the caller will not know it, so end it.
 		r.f.silent.Store(true)
 		r.f.killed.Store(true)
-		kctx, cancel := clockTimeout(context.Background(), p.cfg.Clock, p.cfg.KillTimeout)
+		kctx, cancel := core.WithTimeout(context.Background(), p.cfg.Clock, p.cfg.KillTimeout)
 		_ = r.f.signal(kctx)
 		cancel()
 	}

@@ -46,6 +46,12 @@ func Delegate(root string, log logr.Logger) (grants string, err error) {
 	return delegate(root, log)
 }
 
+// Check reports whether dir is a cgroup v2 directory (it holds cgroup.procs
+// and cgroup.controllers). It fails naming dir and the fix, and wraps
+// errors.ErrUnsupported off Linux. The standalone home calls it on an
+// explicit -cgroup-root before it carves there.
+func Check(dir string) error { return checkDir(dir) }
+
 // EnterFD moves the calling process into the cgroup whose directory is open
 // as dirfd, by writing "0" to cgroup.procs relative to dirfd (openat). A
 // forked child calls it with the descriptor it received from Leaf.Open (the

@@ -533,3 +533,14 @@ func TestDelegateNotACgroup(t *testing.T) {
 		t.Fatalf("NewTree on a plain directory succeeded")
 	}
 }
+
+// Check: a cgroup v2 directory passes; a plain directory fails naming it.
+func TestCheck(t *testing.T) {
+	if err := Check(testCgroup(t)); err != nil {
+		t.Fatalf("Check of a cgroup v2 directory: %v", err)
+	}
+	plain := t.TempDir()
+	if err := Check(plain); err == nil || !strings.Contains(err.Error(), plain) || !strings.Contains(err.Error(), "not a cgroup v2 directory") {
+		t.Fatalf("Check of a plain directory = %v; want an error naming it", err)
+	}
+}

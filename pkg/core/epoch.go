@@ -3,7 +3,6 @@ package core
 import (
 	"fmt"
 	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -89,54 +88,6 @@ func (s *EpochStore) Path() string { return s.path }
 func (s *EpochStore) persist(n uint64) error {
 	if err := WriteFileAtomic(s.path, []byte(strconv.FormatUint(n, 10)+"\n"), 0o600); err != nil {
 		return fmt.Errorf("epoch file %s: %w", s.path, err)
-	}
-	return nil
-}
-
-// WriteFileAtomic writes data to path so that a reader sees the old content
-// or the new, never a part: a temporary file in the same directory, synced,
-// renamed over path, and the directory synced. On any error the temporary
-// file is removed and path is left as it was.
-func WriteFileAtomic(path string, data []byte, perm os.FileMode) error {
-	if err := writeFileAtomic(path, data, perm); err != nil {
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	return nil
-}
-
-func writeFileAtomic(path string, data []byte, perm os.FileMode) (err error) {
-	dir := filepath.Dir(path)
-	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp-*")
-	if err != nil {
-		return err
-	}
-	tmp := f.Name()
-	defer func() {
-		if err != nil {
-			_ = os.Remove(tmp)
-		}
-	}()
-	if _, err = f.Write(data); err != nil {
-		f.Close()
-		return err
-	}
-	if err = f.Chmod(perm); err != nil {
-		f.Close()
-		return err
-	}
-	if err = f.Sync(); err != nil {
-		f.Close()
-		return err
-	}
-	if err = f.Close(); err != nil {
-		return err
-	}
-	if err = os.Rename(tmp, path); err != nil {
-		return err
-	}
-	if d, derr := os.Open(dir); derr == nil {
-		_ = d.Sync()
-		d.Close()
 	}
 	return nil
 }

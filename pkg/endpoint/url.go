@@ -180,3 +180,16 @@ func isDNSName(s string) bool {
 	}
 	return !allDigits
 }
+
+// IsLoopbackHost reports whether host, the host part of a host:port or of a
+// URL (brackets removed), is "localhost" or a loopback IP address. An empty
+// host is the wildcard, not loopback. Whoever allows plaintext only on
+// loopback asks it: the agent's Config and flags for the API listener, and
+// pkg/grant for an http:// issuer.
+func IsLoopbackHost(host string) bool {
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}

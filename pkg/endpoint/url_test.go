@@ -130,3 +130,15 @@ func FuzzParse(f *testing.F) {
 		}
 	})
 }
+
+func TestIsLoopbackHost(t *testing.T) {
+	for host, want := range map[string]bool{
+		"localhost": true, "127.0.0.1": true, "127.1.2.3": true, "::1": true,
+		"": false, "0.0.0.0": false, "::": false, "10.0.0.7": false, "fd00::7": false,
+		"example.com": false, "localhost.example.com": false, "[::1]": false,
+	} {
+		if got := IsLoopbackHost(host); got != want {
+			t.Errorf("IsLoopbackHost(%q) = %v, want %v", host, got, want)
+		}
+	}
+}

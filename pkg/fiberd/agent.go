@@ -372,7 +372,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	<-ctx.Done()
 	a.log.Info("Agent draining")
 	close(a.stopping)
-	sctx, scancel := a.timeout(context.Background(), drainTimeout)
+	sctx, scancel := core.WithTimeout(context.Background(), a.cfg.Clock, drainTimeout)
 	for _, srv := range srvs {
 		if err := srv.Shutdown(sctx); err != nil {
 			_ = srv.Close()
@@ -382,7 +382,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	servers.Wait()
 	loops.Wait()
 
-	dctx, dcancel := a.timeout(context.Background(), drainTimeout)
+	dctx, dcancel := core.WithTimeout(context.Background(), a.cfg.Clock, drainTimeout)
 	a.mu.Lock()
 	uids := make([]string, 0, len(a.grants))
 	for uid := range a.grants {
@@ -427,16 +427,6 @@ func (a *Agent) backends() []backend.Backend {
 		}
 	}
 	return out
-}
-
-// timeout is context.WithTimeout on the agent's clock.
-func (a *Agent) timeout(ctx context.Context, d time.Duration) (context.Context, context.CancelFunc) {
-	ctx, cancel := context.WithCancel(ctx)
-	t := a.cfg.Clock.AfterFunc(d, cancel)
-	return ctx, func() {
-		t.Stop()
-		cancel()
-	}
 }
 
 // notify wakes the watchers: the status may have changed.

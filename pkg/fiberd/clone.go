@@ -44,7 +44,7 @@ func (a *Agent) clone(ctx context.Context, req api.CloneRequest, authed bool) (a
 	if req.DeadlineMs > 0 && time.Duration(req.DeadlineMs)*time.Millisecond < deadline {
 		deadline = time.Duration(req.DeadlineMs) * time.Millisecond
 	}
-	ctx, cancel := a.timeout(ctx, deadline)
+	ctx, cancel := core.WithTimeout(ctx, a.cfg.Clock, deadline)
 	defer cancel()
 
 	token := []byte(req.Grant)
@@ -194,7 +194,7 @@ func (a *Agent) create(ctx context.Context, res *core.Reservation, payload []byt
 	if cerr := a.ledger.Commit(res, f); cerr != nil {
 		// The grant was yielded or the epoch moved while forking: the new
 		// fiber belongs to nobody now.
-		kctx, cancel := a.timeout(context.Background(), drainTimeout)
+		kctx, cancel := core.WithTimeout(context.Background(), a.cfg.Clock, drainTimeout)
 		a.releaseFiber(kctx, core.Fiber{Fence: fence, Handle: h})
 		cancel()
 		return api.CloneResponse{}, a.miss(cerr.Error())

@@ -292,20 +292,10 @@ func (c Config) Validate() error {
 			if !c.InsecurePlaintext {
 				return bad("Listen %q has no TLS: set -tls-cert, -tls-key and -client-ca, or -insecure-plaintext on a loopback address", c.Listen)
 			}
-			if !c.InsecureAllowNonLoopback && !isLoopback(host) {
+			if !c.InsecureAllowNonLoopback && !endpoint.IsLoopbackHost(host) {
 				return bad("Listen %q is plaintext on a non-loopback address: bind a loopback address, add TLS, or name it explicitly with InsecureAllowNonLoopback", c.Listen)
 			}
 		}
 	}
 	return nil
-}
-
-// isLoopback reports whether host (from host:port) is a loopback IP or
-// "localhost". An empty host is the wildcard, not loopback.
-func isLoopback(host string) bool {
-	if host == "localhost" {
-		return true
-	}
-	ip := net.ParseIP(host)
-	return ip != nil && ip.IsLoopback()
 }

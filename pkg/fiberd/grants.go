@@ -347,7 +347,7 @@ func (a *Agent) exitLoop(b backend.Backend) {
 			a.mu.Unlock()
 			if rt != nil {
 				a.log.Info("Template died; grant is cold until warmed again", "grant", ex.GrantUID, "reason", ex.Reason.String())
-				ctx, cancel := a.timeout(context.Background(), publishTimeout)
+				ctx, cancel := core.WithTimeout(context.Background(), a.cfg.Clock, publishTimeout)
 				if err := a.home.PublishReady(ctx, ex.GrantUID, false); err != nil {
 					a.log.Error(err, "Publishing readiness", "grant", ex.GrantUID)
 				}

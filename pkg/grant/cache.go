@@ -9,10 +9,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/url"
-	"os"
 	"strings"
 	"sync"
 	"time"
@@ -23,6 +21,7 @@ import (
 	"k8s.io/utils/clock"
 
 	"fiberd.io/fiberd/pkg/core"
+	"fiberd.io/fiberd/pkg/endpoint"
 )
 
 // MaxDocumentSize bounds the discovery document and the JWKS, 1 MiB. A
@@ -307,19 +306,11 @@ func checkURL(what, s string) error {
 	case "https":
 		return nil
 	case "http":
-		if isLoopback(u.Hostname()) {
+		if endpoint.IsLoopbackHost(u.Hostname()) {
 			return nil
 		}
 	}
 	return fmt.Errorf("%s %q must be https (http only to a loopback host)", what, s)
-}
-
-func isLoopback(host string) bool {
-	if host == "localhost" {
-		return true
-	}
-	ip := net.ParseIP(host)
-	return ip != nil && ip.IsLoopback()
 }
 
 // parseJWKS reads a JWK set of public signing keys. The whole set is refused
@@ -412,7 +403,7 @@ func NewStaticKeys(jwksJSON []byte) (*StaticKeys, error) {
 // ReadStaticKeys reads the JWKS file path (at most MaxDocumentSize bytes)
 // and returns its keys, as NewStaticKeys does.
 func ReadStaticKeys(path string) (*StaticKeys, error) {
-	data, err := readBounded(path, MaxDocumentSize)
+	data, err := core.ReadFileBounded(path, MaxDocumentSize)
 	if err != nil {
 		return nil, fmt.Errorf("issuer keys %s: %w", path, err)
 	}
@@ -440,21 +431,4 @@ func (s *StaticKeys) KeyIDs() []string {
 		ids = append(ids, id)
 	}
 	return ids
-}
-
-// readBounded reads at most limit bytes of path, and refuses a longer file.
-func readBounded(path string, limit int64) ([]byte, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	data, err := io.ReadAll(io.LimitReader(f, limit+1))
-	if err != nil {
-		return nil, err
-	}
-	if int64(len(data)) > limit {
-		return nil, fmt.Errorf("file is over the limit of %d bytes", limit)
-	}
-	return data, nil
 }

@@ -246,7 +246,7 @@ func WriteKeyFile(path string, key jose.JSONWebKey) error {
 // ReadKeyFile reads a JWK written by WriteKeyFile (at most 64 KiB). The file
 // is trusted: it may, and for a Signer must, hold a private key.
 func ReadKeyFile(path string) (jose.JSONWebKey, error) {
-	data, err := readBounded(path, 64<<10)
+	data, err := core.ReadFileBounded(path, 64<<10)
 	if err != nil {
 		return jose.JSONWebKey{}, fmt.Errorf("key file %s: %w", path, err)
 	}

@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
-	"os"
 	"path/filepath"
 	"regexp"
 	"sort"
@@ -166,7 +165,7 @@ func (d Dir) Resolve(ref string) (Spec, error) {
 		return Spec{}, err
 	}
 	path := filepath.Join(string(d), r.Name+".json")
-	b, err := readBounded(path)
+	b, err := core.ReadFileBounded(path, MaxSpecBytes)
 	if err != nil {
 		if errors.Is(err, fs.ErrNotExist) {
 			return Spec{}, fmt.Errorf("template %q: no spec %s on this node (grant names sha256:%s, node has none): %w: %w", r.Name, path, r.Digest, fs.ErrNotExist, core.ErrInvalid)
@@ -181,34 +180,4 @@ func (d Dir) Resolve(ref string) (Spec, error) {
 		return Spec{}, fmt.Errorf("template %q: %w", r.Name, err)
 	}
 	return s, nil
-}
-
-// readBounded reads a regular file of at most MaxSpecBytes.
-func readBounded(path string) ([]byte, error) {
-	// Stat first so a FIFO or device is never opened (opening a FIFO blocks).
-	if st, err := os.Stat(path); err != nil {
-		return nil, err
-	} else if !st.Mode().IsRegular() {
-		return nil, fmt.Errorf("%s is not a regular file: %w", path, core.ErrInvalid)
-	}
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	st, err := f.Stat()
-	if err != nil {
-		return nil, err
-	}
-	if !st.Mode().IsRegular() {
-		return nil, fmt.Errorf("%s is not a regular file: %w", path, core.ErrInvalid)
-	}
-	b, err := io.ReadAll(io.LimitReader(f, MaxSpecBytes+1))
-	if err != nil {
-		return nil, err
-	}
-	if len(b) > MaxSpecBytes {
-		return nil, fmt.Errorf("%s is over the %d byte limit: %w", path, MaxSpecBytes, core.ErrInvalid)
-	}
-	return b, nil
 }

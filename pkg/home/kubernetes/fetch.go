@@ -99,7 +99,7 @@ func newFetcher(cfg Config) (*fetcher, error) {
 // fetch asks the controller once for the Pod's grant. It returns the token
 // and its claims; it writes nothing.
 func (f *fetcher) fetch(ctx context.Context) ([]byte, tokenClaims, error) {
-	sa, err := readBounded(f.tokenFile, maxSATokenSize)
+	sa, err := core.ReadFileBounded(f.tokenFile, maxSATokenSize)
 	if err != nil {
 		return nil, tokenClaims{}, fmt.Errorf("service-account token %s: %w", f.tokenFile, err)
 	}
@@ -244,23 +244,6 @@ func peekClaims(token []byte) (tokenClaims, error) {
 		return tokenClaims{}, errors.New("token exp is not after iat")
 	}
 	return tokenClaims{UID: c.JTI, IssuedAt: iat, Expiry: exp}, nil
-}
-
-// readBounded reads at most limit bytes of path, and fails on a larger file.
-func readBounded(path string, limit int64) ([]byte, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	b, err := io.ReadAll(io.LimitReader(f, limit+1))
-	if err != nil {
-		return nil, err
-	}
-	if int64(len(b)) > limit {
-		return nil, fmt.Errorf("larger than %d bytes", limit)
-	}
-	return b, nil
 }
 
 // firstLine is the first line of an error body, bounded, for logs.

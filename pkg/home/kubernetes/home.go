@@ -163,7 +163,7 @@ func (h *Home) firstFetch(ctx context.Context) error {
 	if ctx.Err() != nil {
 		return context.Cause(ctx)
 	}
-	if b, rerr := readBounded(h.fetch.path, maxTokenSize); rerr == nil {
+	if b, rerr := core.ReadFileBounded(h.fetch.path, maxTokenSize); rerr == nil {
 		b = bytes.TrimSpace(b)
 		if c, perr := peekClaims(b); perr == nil && h.clk.Now().Before(c.Expiry) {
 			h.setOwnGrant(b, c)

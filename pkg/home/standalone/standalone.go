@@ -431,14 +431,7 @@ func (hostCgroups) Delegate(root string, log logr.Logger) (string, error) {
 	return cgroup.Delegate(root, log)
 }
 
-func (hostCgroups) Check(dir string) error {
-	for _, f := range []string{"cgroup.procs", "cgroup.controllers"} {
-		if _, err := os.Stat(filepath.Join(dir, f)); err != nil {
-			return fmt.Errorf("not a cgroup v2 directory: %w", err)
-		}
-	}
-	return nil
-}
+func (hostCgroups) Check(dir string) error { return cgroup.Check(dir) }
 
 func (hostCgroups) RemoveDir(dir string) error { return os.Remove(dir) }
 
