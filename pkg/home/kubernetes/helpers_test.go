@@ -152,12 +152,36 @@ func eventually(t *testing.T, what string, cond func() bool) {
 func settle() { time.Sleep(50 * time.Millisecond) }
 
 // rounds waits until k has served n GetPod calls and the round that made
-// the nth one has ended (it reads the Namespace after the Pod).
+// the nth one has read what a round reads after the Pod: the Namespace and,
+// when the Pod k holds is this live Pod and uses claims, each of its claims.
+// Tests that call it give the Pod its claims before the first round.
 func rounds(t *testing.T, k *fake.Kube, n int) {
 	t.Helper()
+	perRound := 0
+	if p, ok := k.Pod(testNS, testPod); ok && p.UID == types.UID(testUID) && p.DeletionTimestamp == nil {
+		perRound = len(claimNames(p))
+	}
 	eventually(t, fmt.Sprintf("poll round %d", n), func() bool {
-		return k.Calls(fake.GetPod) >= n && k.Calls(fake.GetNamespace) >= n
+		return k.Calls(fake.GetPod) >= n && k.Calls(fake.GetNamespace) >= n &&
+			k.Calls(fake.GetResourceClaim) >= n*perRound
 	})
+}
+
+// claimNames is the set of ResourceClaims p uses: named in its spec, or
+// generated from a template and named in its status.
+func claimNames(p *corev1.Pod) map[string]bool {
+	names := map[string]bool{}
+	for _, c := range p.Spec.ResourceClaims {
+		if c.ResourceClaimName != nil {
+			names[*c.ResourceClaimName] = true
+		}
+	}
+	for _, c := range p.Status.ResourceClaimStatuses {
+		if c.ResourceClaimName != nil {
+			names[*c.ResourceClaimName] = true
+		}
+	}
+	return names
 }
 
 // tick steps clk by d once the home's goroutines wait on it.
