@@ -262,12 +262,19 @@ func (d *fiberd) ctlJSON(t *testing.T, v any, args ...string) {
 // body.
 func get(t *testing.T, endpoint string) string {
 	t.Helper()
+	return getPath(t, endpoint, "/")
+}
+
+// getPath asks the fiber at endpoint (tcp://host:port) for path and returns
+// the body.
+func getPath(t *testing.T, endpoint, path string) string {
+	t.Helper()
 	addr, ok := strings.CutPrefix(endpoint, "tcp://")
 	if !ok {
 		t.Fatalf("endpoint %q is not tcp:// (fiberd -dev serves inet4)", endpoint)
 	}
 	c := &http.Client{Timeout: 30 * time.Second}
-	resp, err := c.Get("http://" + addr + "/")
+	resp, err := c.Get("http://" + addr + path)
 	if err != nil {
 		t.Fatalf("GET %s: %v", endpoint, err)
 	}
