@@ -135,10 +135,11 @@ type fiberd struct {
 	err    error
 }
 
-func startFiberd(t *testing.T, root, bin, state, cgroupRoot string) *fiberd {
+func startFiberd(t *testing.T, root, bin, state, cgroupRoot string, extra ...string) *fiberd {
 	t.Helper()
 	d := &fiberd{bin: bin, socket: filepath.Join(state, "fiberd.sock"), logs: &bytes.Buffer{}, exited: make(chan struct{})}
-	d.cmd = exec.Command(filepath.Join(bin, "fiberd"), "-dev", "-state", state, "-listen", "127.0.0.1:0", "-cgroup-root", cgroupRoot)
+	args := append([]string{"-dev", "-state", state, "-listen", "127.0.0.1:0", "-cgroup-root", cgroupRoot}, extra...)
+	d.cmd = exec.Command(filepath.Join(bin, "fiberd"), args...)
 	d.cmd.Dir = root
 	d.cmd.Stdout = &lockedWriter{w: d.logs}
 	d.cmd.Stderr = d.cmd.Stdout
