@@ -51,7 +51,15 @@ type Miss struct {
 	Issuer string
 	// Reason says what was missing, for people.
 	Reason string
+	// Cause, when set, is the error the miss was made of: Unwrap returns
+	// it, so errors.Is(m, ErrDenied) holds for the miss of a revoked grant
+	// and the cause's own chain stays whole. Nil for a miss made of a
+	// reason alone.
+	Cause error
 }
+
+// Unwrap returns the miss's Cause.
+func (m *Miss) Unwrap() error { return m.Cause }
 
 // Error reads "SHED: at fibers.max (issuer https://...)".
 func (m *Miss) Error() string {

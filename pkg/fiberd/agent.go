@@ -58,33 +58,33 @@ type Agent struct {
 	tcpAuth  bool // callers on apiTCP present verified client certificates
 	stopping chan struct{}
 
-	// admitMu serialises admissions, warms and yields (lane, Clone,
-	// reaper, drain), so one grant is warmed once and never after its
-	// yield.
-	admitMu sync.Mutex
+	// deny is the revocations, persisted in StateDir/private/denied.json;
+	// the ledger holds the same set.
+	deny *denyList
+	// queue runs the grants' reconciles; set by Run before anything can
+	// add to it.
+	queue *workQueue
+
+	// Locks, in the order they may be taken (a lock is never taken while
+	// one after it is held):
+	//
+	//	epochMu -> mu -> slot.mu -> (the ledger's, the deny list's and the
+	//	backends' own locks, each taken and released inside one call)
+	//
+	// No lock of the agent is held across I/O, a process start, or a call
+	// into the home, a backend or the verifier, with two exceptions that
+	// guard nothing anyone else reads: epochMu, held across the epoch
+	// file's write so the file and the ledger move in step, and
+	// denyList.writeMu, held across the revocations file's write.
+
 	// epochMu keeps epoch bumps and the ledger's epoch in step.
 	epochMu sync.Mutex
 
 	mu      sync.Mutex
-	grants  map[string]*grantRT // runtime state of admitted grants
-	gaps    map[string]error    // delivered grants refused for a tier gap
-	changed chan struct{}       // closed and replaced on every status change
-	closed  bool
-	ran     bool
-}
-
-// grantRT is the runtime side of an admitted grant.
-type grantRT struct {
-	grant   core.Grant
-	spec    template.Spec
-	backend backend.Backend
-	cg      *cgroup.Grant // nil without a cgroup root
-	release func()        // the device channel's release; nil until acquired
-	devices core.DeviceChannel
-	warm    bool
-	warmErr error
-	// pressure is the cached reading of cg's pressure (see pressureShed).
-	pressure pressureCache
+	slots   map[string]*slot // every grant UID the agent has state of; guarded by mu
+	changed chan struct{}    // closed and replaced on every status change; guarded by mu
+	closed  bool             // guarded by mu
+	ran     bool             // guarded by mu
 }
 
 // fiberHandle is the agent's part of a running fiber, kept in the ledger's
@@ -120,8 +120,7 @@ func New(ctx context.Context, cfg Config) (a *Agent, err error) {
 		limiter:      rate.NewLimiter(rate.Limit(cfg.ThrashRate), cfg.ThrashBurst),
 		readPressure: cgroupPressure,
 		stopping:     make(chan struct{}),
-		grants:       make(map[string]*grantRT),
-		gaps:         make(map[string]error),
+		slots:        make(map[string]*slot),
 		changed:      make(chan struct{}),
 	}
 	a = agent
@@ -174,6 +173,13 @@ func New(ctx context.Context, cfg Config) (a *Agent, err error) {
 		return nil, fmt.Errorf("fiberd: %w", err)
 	}
 	a.ledger = core.NewLedger(a.epoch.Current())
+	a.deny, err = openDenyList(filepath.Join(private, "denied.json"), cfg.Clock.Now())
+	if err != nil {
+		return nil, fmt.Errorf("fiberd: %w", err)
+	}
+	for uid := range a.deny.all() {
+		a.ledger.Deny(uid)
+	}
 	a.metrics, err = newMetrics(cfg.Registry, a)
 	if err != nil {
 		return nil, fmt.Errorf("fiberd: metrics: %w", err)
@@ -332,12 +338,17 @@ func (a *Agent) Run(ctx context.Context) error {
 		return fmt.Errorf("fiberd: home %s lane: %w", a.home.Name(), err)
 	}
 
+	a.queue = newWorkQueue(ctx, a.cfg.Clock, a.reconcile)
+	for uid := range a.deny.all() {
+		// Each revocation's reconcile schedules its expiry.
+		a.event(uid, func(*slot) {})
+	}
 	var loops, exits, servers sync.WaitGroup
 	loops.Go(func() { a.home.Run(ctx) })
 	if lane != nil {
 		loops.Go(func() { a.laneLoop(ctx, lane) })
 	}
-	loops.Go(func() { a.reaper(ctx) })
+	loops.Go(func() { a.resync(ctx) })
 	for _, b := range a.backends() {
 		exits.Go(func() { a.exitLoop(b) })
 	}
@@ -382,17 +393,21 @@ func (a *Agent) Run(ctx context.Context) error {
 	servers.Wait()
 	loops.Wait()
 
-	dctx, dcancel := core.WithTimeout(context.Background(), a.cfg.Clock, drainTimeout)
+	// No reconcile runs past this point: the drain owns every slot.
+	a.queue.stop()
 	a.mu.Lock()
-	uids := make([]string, 0, len(a.grants))
-	for uid := range a.grants {
-		uids = append(uids, uid)
+	slots := make([]*slot, 0, len(a.slots))
+	for _, s := range a.slots {
+		slots = append(slots, s)
 	}
 	a.mu.Unlock()
-	for _, uid := range uids {
-		a.yield(dctx, uid, "agent stopping")
+	var yields sync.WaitGroup
+	for _, s := range slots {
+		if s.view().admitted {
+			yields.Go(func() { a.yield(context.Background(), s, "agent stopping") })
+		}
 	}
-	dcancel()
+	yields.Wait()
 	for _, b := range a.backends() {
 		if err := b.Close(); err != nil {
 			a.log.Error(err, "Closing a backend", "tier", b.Tier())
@@ -442,26 +457,6 @@ func (a *Agent) changes() <-chan struct{} {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	return a.changed
-}
-
-// lookup reads admitted grant uid's runtime state under mu: rt (nil when
-// uid is not admitted), its cgroup (nil without a cgroup root or before
-// warm carved it) and whether warm succeeded since the zygote last died.
-// rt.backend never changes, so callers use it without mu.
-func (a *Agent) lookup(uid string) (rt *grantRT, cg *cgroup.Grant, warm bool) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	rt = a.grants[uid]
-	if rt == nil {
-		return nil, nil, false
-	}
-	return rt, rt.cg, rt.warm
-}
-
-// isWarm reports whether admitted grant uid's template is warm.
-func (a *Agent) isWarm(uid string) bool {
-	rt, _, warm := a.lookup(uid)
-	return warm && rt.backend.Warmed(uid)
 }
 
 // logWriter routes the HTTP servers' own error lines (failed TLS

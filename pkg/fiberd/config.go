@@ -47,6 +47,8 @@ const (
 	// DefaultPortRange is the TCP port range fibers of the inet families
 	// listen on.
 	DefaultPortRange = "20000-20999"
+	// DefaultDenyFor is how long a revocation lasts at least.
+	DefaultDenyFor = 24 * time.Hour
 )
 
 // Config is what cmd/fiberd (or a test) hands New. Every field documents its
@@ -89,8 +91,8 @@ type Config struct {
 
 	// StateDir is the agent's state directory (-state). Required, absolute.
 	// The agent creates StateDir/private with mode 0700 and keeps there
-	// the epoch file (private/epoch) and the admin socket
-	// (private/admin.sock).
+	// the epoch file (private/epoch), the revocations (private/denied.json)
+	// and the admin socket (private/admin.sock).
 	StateDir string
 	// RunDir is where fibers' unix sockets are bound (-run-dir), created
 	// 0700. Default StateDir/run.
@@ -160,9 +162,18 @@ type Config struct {
 	// CloneDeadline bounds a Clone whose request names no deadlineMs, and
 	// caps one that names a longer one. Default DefaultCloneDeadline.
 	CloneDeadline time.Duration
-	// ReapInterval is how often grants with a lapsed lease are yielded.
-	// Default DefaultReapInterval.
+	// ReapInterval is how often every grant's state is checked again, a
+	// safety net beside the events that drive it (a lease's end, a zygote's
+	// death, a lane delivery), and how often watchers are woken to see the
+	// lane's health. Default DefaultReapInterval.
 	ReapInterval time.Duration
+	// DenyFor is how long a grant its lane removed stays revoked at least:
+	// a Clone presenting one of its tokens is refused until the lane
+	// delivers it again, or until the later of DenyFor after the removal
+	// and the end of the latest lease of it the agent saw. Revocations are
+	// kept in StateDir/private/denied.json and outlive a restart. Default
+	// DefaultDenyFor.
+	DenyFor time.Duration
 
 	// Clock reads the time, drives the reaper and times Clone deadlines.
 	// Default the real clock.
@@ -206,6 +217,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.ReapInterval == 0 {
 		c.ReapInterval = DefaultReapInterval
+	}
+	if c.DenyFor == 0 {
+		c.DenyFor = DefaultDenyFor
 	}
 	if c.Clock == nil {
 		c.Clock = clock.RealClock{}
@@ -260,6 +274,8 @@ func (c Config) Validate() error {
 		return bad("CloneDeadline %v is negative: use 0 for the default %v", c.CloneDeadline, DefaultCloneDeadline)
 	case c.ReapInterval < 0:
 		return bad("ReapInterval %v is negative: use 0 for the default %v", c.ReapInterval, DefaultReapInterval)
+	case c.DenyFor < 0:
+		return bad("DenyFor %v is negative: use 0 for the default %v", c.DenyFor, DefaultDenyFor)
 	case c.AdminUnsafe && !TestHooks:
 		return bad("AdminUnsafe is set but this binary was built without the testhooks tag: drop -admin-unsafe")
 	}

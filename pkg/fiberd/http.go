@@ -155,9 +155,11 @@ func (a *Agent) status() api.Status {
 			UID: g.UID, Template: g.Template, Running: len(gs.Running),
 			Max: g.Fibers.Max, LeaseExpiry: g.Expiry,
 		}
-		if rt, _, warm := a.lookup(g.UID); rt != nil {
-			out.Warm = warm && rt.backend.Warmed(g.UID)
-			out.Tier = rt.backend.Tier()
+		if s := a.slotOf(g.UID); s != nil {
+			if v := s.view(); v.admitted {
+				out.Warm = v.warm && v.backend.Warmed(g.UID)
+				out.Tier = v.backend.Tier()
+			}
 		}
 		if gs.LastSeq > 0 {
 			out.LatestFence = &core.Fence{GrantUID: g.UID, Epoch: st.Epoch, Seq: gs.LastSeq}
