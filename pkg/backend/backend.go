@@ -15,6 +15,7 @@ import (
 	"k8s.io/utils/clock"
 
 	"fiberd.io/fiberd/pkg/core"
+	"fiberd.io/fiberd/pkg/procrec"
 	"fiberd.io/fiberd/pkg/template"
 )
 
@@ -111,6 +112,13 @@ type WarmRequest struct {
 	// (zygote.log for Proc, fibers.log for Exec) that takes the
 	// template's stdout and stderr up to Config.LogMaxBytes. Required.
 	RunDir string
+	// Records, when set, is where the backend records the processes it
+	// starts for the grant that no cgroup holds: Proc's zygote, and each
+	// fiber (Proc or Exec) whose CloneRequest has no Leaf. Each record is
+	// made once the process exists and removed once it has been reaped,
+	// so a fiberd restarted after a crash ends what is left
+	// (procrec.Dir.Sweep). Nil (the default) records nothing.
+	Records *procrec.Dir
 }
 
 // CloneRequest asks a backend for one fiber.

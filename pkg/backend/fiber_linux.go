@@ -10,6 +10,7 @@ import (
 
 	"fiberd.io/fiberd/pkg/cgroup"
 	"fiberd.io/fiberd/pkg/core"
+	"fiberd.io/fiberd/pkg/procrec"
 )
 
 // fiber is the backends' record of one running fiber.
@@ -21,6 +22,9 @@ type fiber struct {
 	// sets it (see reapOrphans), so it can reap a fiber its zygote left
 	// behind; whoever ends the fiber's record closes it.
 	pidfd int
+	// rec is the fiber's process record (see procrec), the zero Record
+	// when it has a leaf or none was made; finish removes it.
+	rec procrec.Record
 
 	killed atomic.Bool   // set by Kill or Stop before the kill is sent
 	silent atomic.Bool   // a fiber whose Clone was abandoned: no Exit
@@ -66,6 +70,9 @@ func (c *common) finish(f *fiber, r ExitReason) {
 	} else {
 		// The pid was reaped, but the group lives on while a member does.
 		_ = syscall.Kill(-f.pid, syscall.SIGKILL)
+	}
+	if err := f.rec.Remove(); err != nil {
+		c.log.Error(err, "Fiber record not removed", "fence", f.fence.String())
 	}
 	if !f.silent.Load() {
 		c.exits.push(Exit{GrantUID: f.fence.GrantUID, Fence: f.fence, Reason: r})

@@ -24,6 +24,7 @@ import (
 	"fiberd.io/fiberd/pkg/endpoint"
 	"fiberd.io/fiberd/pkg/grant"
 	"fiberd.io/fiberd/pkg/home"
+	"fiberd.io/fiberd/pkg/procrec"
 	"fiberd.io/fiberd/pkg/template"
 )
 
@@ -61,6 +62,10 @@ type Agent struct {
 	// deny is the revocations, persisted in StateDir/private/denied.json;
 	// the ledger holds the same set.
 	deny *denyList
+	// recs records the processes the backends start outside cgroups and
+	// the grants' cgroups, in StateDir/private/procs: what a crash leaves
+	// is ended by the next New.
+	recs *procrec.Dir
 	// queue runs the grants' reconciles; set by Run before anything can
 	// add to it.
 	queue *workQueue
@@ -141,6 +146,10 @@ func New(ctx context.Context, cfg Config) (a *Agent, err error) {
 	if err := os.Chmod(private, 0o700); err != nil {
 		return nil, fmt.Errorf("fiberd: state directory %s: %w", private, err)
 	}
+	if a.recs, err = procrec.Open(filepath.Join(private, "procs")); err != nil {
+		return nil, fmt.Errorf("fiberd: %w", err)
+	}
+	a.sweep(ctx)
 
 	a.verifier, err = grant.NewVerifier(grant.VerifierConfig{
 		Issuer: cfg.Issuer, Audience: cfg.NodeID, Keys: cfg.Keys, MaxLease: cfg.MaxLease, Clock: cfg.Clock,
@@ -193,6 +202,22 @@ func New(ctx context.Context, cfg Config) (a *Agent, err error) {
 	}
 	a.log.Info("Agent ready to run", "home", cfg.Home.Name(), "epoch", a.ledger.Epoch(), "listen", cfg.Listen, "socket", cfg.Socket)
 	return a, nil
+}
+
+// sweep ends what a previous run on this state directory left running when
+// it crashed: the processes and cgroups its records name (procrec). It is
+// bounded by drainTimeout; what it cannot end is logged, and its records
+// are kept for the next start.
+func (a *Agent) sweep(ctx context.Context) {
+	ctx, cancel := core.WithTimeout(ctx, a.cfg.Clock, drainTimeout)
+	defer cancel()
+	sw, err := a.recs.Sweep(ctx)
+	if err != nil {
+		a.log.Error(err, "Ending what the previous run left behind; some of it may still run", "records", a.recs.Path())
+	}
+	if sw.Records > 0 {
+		a.log.Info("Ended what the previous run left behind", "processes", sw.Processes, "cgroups", sw.Cgroups, "records", sw.Records)
+	}
 }
 
 // closeOwned closes what the agent owns when New fails.

@@ -49,11 +49,11 @@ type workQueue struct {
 	clk clock.WithDelayedExecution
 	run func(ctx context.Context, key string) result
 
-	mu       sync.Mutex             // guards every field below; never held while run runs
-	active   map[string]bool        // a goroutine runs reconciles of the key
-	dirty    map[string]bool        // the key was added while its reconcile ran
-	timers   map[string]queueTimer  // the earliest pending AddAfter of the key
-	failures map[string]int         // failed reconciles in a row
+	mu       sync.Mutex            // guards every field below; never held while run runs
+	active   map[string]bool       // a goroutine runs reconciles of the key
+	dirty    map[string]bool       // the key was added while its reconcile ran
+	timers   map[string]queueTimer // the earliest pending AddAfter of the key
+	failures map[string]int        // failed reconciles in a row
 	stopped  bool
 	wg       sync.WaitGroup // one per running goroutine
 }

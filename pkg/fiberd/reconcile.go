@@ -10,6 +10,7 @@ import (
 
 	"fiberd.io/fiberd/pkg/backend"
 	"fiberd.io/fiberd/pkg/core"
+	"fiberd.io/fiberd/pkg/procrec"
 	"fiberd.io/fiberd/pkg/template"
 )
 
@@ -289,11 +290,15 @@ func (a *Agent) ensureWarm(ctx context.Context, s *slot) error {
 			return fmt.Errorf("grant %q: cgroup: %w", uid, err)
 		}
 		cg = &c
+		rec, err := a.recs.AddCgroup(uid, c.Dir.Path())
+		if err != nil {
+			a.log.Error(err, "Grant's cgroup not recorded: a crash of fiberd would leave what runs in it", "grant", uid)
+		}
 		s.mu.Lock()
-		s.cg = cg
+		s.cg, s.cgRec = cg, rec
 		s.mu.Unlock()
 	}
-	req := backend.WarmRequest{Grant: g, Spec: spec, Devices: dev, RunDir: filepath.Join(a.cfg.RunDir, "grants", uid)}
+	req := backend.WarmRequest{Grant: g, Spec: spec, Devices: dev, RunDir: filepath.Join(a.cfg.RunDir, "grants", uid), Records: a.recs}
 	if cg != nil {
 		req.Cgroup = cg.Dir.Path()
 	}
@@ -335,9 +340,9 @@ func (a *Agent) yield(ctx context.Context, s *slot, reason string) {
 	uid := s.uid
 	fibers := a.ledger.Yield(uid)
 	s.mu.Lock()
-	b, cg, release := s.backend, s.cg, s.release
+	b, cg, cgRec, release := s.backend, s.cg, s.cgRec, s.release
 	s.admitted, s.warm = false, false
-	s.cg, s.release, s.devices = nil, nil, core.DeviceChannel{}
+	s.cg, s.cgRec, s.release, s.devices = nil, procrec.Record{}, nil, core.DeviceChannel{}
 	s.wakeLocked()
 	s.mu.Unlock()
 	for _, f := range fibers {
@@ -350,7 +355,9 @@ func (a *Agent) yield(ctx context.Context, s *slot, reason string) {
 	}
 	if cg != nil {
 		if err := cg.Remove(ctx); err != nil {
-			a.log.Error(err, "Removing a grant's cgroup", "grant", uid)
+			a.log.Error(err, "Removing a grant's cgroup; the next start of fiberd ends what is left", "grant", uid)
+		} else if err := cgRec.Remove(); err != nil {
+			a.log.Error(err, "Removing a grant's cgroup record", "grant", uid)
 		}
 	}
 	if release != nil {

@@ -6,6 +6,7 @@ import (
 	"fiberd.io/fiberd/pkg/backend"
 	"fiberd.io/fiberd/pkg/cgroup"
 	"fiberd.io/fiberd/pkg/core"
+	"fiberd.io/fiberd/pkg/procrec"
 	"fiberd.io/fiberd/pkg/template"
 
 	"context"
@@ -63,6 +64,7 @@ type slot struct {
 	spec     template.Spec
 	backend  backend.Backend    // the backend serving it; nil before the first admission
 	cg       *cgroup.Grant      // its cgroup; nil without a cgroup root or before warm carved it
+	cgRec    procrec.Record     // cg's record in Agent.recs
 	devices  core.DeviceChannel // the home's devices for it
 	release  func()             // releases devices; nil until acquired
 	warm     bool               // warm succeeded and the zygote has not died since

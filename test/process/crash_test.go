@@ -85,6 +85,14 @@ func crashAndRestart(t *testing.T, root, bin, state, cgroupRoot, moment string) 
 	switch moment {
 	case "mid-warm":
 		st = d.waitServing(t)
+		// Kill once a zygote runs and is not warm yet (it spends 200 ms
+		// initialising).
+		for deadline := time.Now().Add(time.Minute); ; {
+			if zygoteStarting(runProcs(grantUIDs(st), d.cmd.Process.Pid), st) || time.Now().After(deadline) {
+				break
+			}
+			time.Sleep(2 * time.Millisecond)
+		}
 	default:
 		st = d.waitWarm(t, "counter-c", "counter-py")
 	}
@@ -93,7 +101,14 @@ func crashAndRestart(t *testing.T, root, bin, state, cgroupRoot, moment string) 
 
 	switch moment {
 	case "serving", "mid-drain":
-		for _, tmpl := range []string{"counter-c", "counter-c", "counter-py", "counter-c-cold"} {
+		tmpls := []string{"counter-c", "counter-c", "counter-py", "counter-c-cold"}
+		if moment == "mid-drain" {
+			// Enough fibers that the drain takes a while.
+			for i := 0; i < 12; i++ {
+				tmpls = append(tmpls, []string{"counter-c", "counter-py", "counter-c-cold"}[i%3])
+			}
+		}
+		for _, tmpl := range tmpls {
 			f, err := c.Clone(ctx, api.CloneRequest{GrantUID: uids[tmpl]})
 			if err != nil {
 				t.Fatalf("clone of %s: %v", tmpl, err)
@@ -128,10 +143,17 @@ func crashAndRestart(t *testing.T, root, bin, state, cgroupRoot, moment string) 
 		if err := d.cmd.Process.Signal(syscall.SIGTERM); err != nil {
 			t.Fatalf("SIGTERM: %v", err)
 		}
-		time.Sleep(20 * time.Millisecond)
+		for deadline := time.Now().Add(10 * time.Second); !strings.Contains(d.output(), "Agent draining") && time.Now().Before(deadline); {
+			time.Sleep(time.Millisecond)
+		}
 	}
 	if err := d.cmd.Process.Kill(); err != nil {
-		t.Fatalf("SIGKILL: %v", err)
+		select {
+		case <-d.exited:
+			t.Logf("%s: fiberd had already exited when SIGKILL was sent", moment)
+		default:
+			t.Fatalf("SIGKILL: %v", err)
+		}
 	}
 	<-d.exited
 	killed := time.Now()
@@ -207,6 +229,23 @@ func crashAndRestart(t *testing.T, root, bin, state, cgroupRoot, moment string) 
 	}
 	d.stop(t)
 	assertNothingLeft(t, uids, cgroupRoot)
+}
+
+// zygoteStarting reports whether procs holds a zygote while st shows some
+// zygote grant not warm.
+func zygoteStarting(procs []proc, st api.Status) bool {
+	cold := false
+	for _, g := range st.Grants {
+		if !g.Warm && !strings.HasSuffix(templateName(g.Template), "-cold") {
+			cold = true
+		}
+	}
+	for _, p := range procs {
+		if p.role == "zygote" && cold {
+			return true
+		}
+	}
+	return false
 }
 
 // client is a pkg/client on this fiberd's socket.
