@@ -161,8 +161,8 @@ type Exit struct {
 }
 
 // ExitReason says how a fiber or zygote ended. Exactly one of Signal,
-// TemplateDied, or a plain exit Code applies; Killed may accompany any of
-// them.
+// TemplateDied, or a plain exit Code applies; Killed and MemoryMax may
+// accompany any of them.
 type ExitReason struct {
 	// Code is the exit code when the process exited by itself.
 	Code int
@@ -173,11 +173,19 @@ type ExitReason struct {
 	TemplateDied bool
 	// Killed is set when the fiber was ended by Kill or Stop.
 	Killed bool
+	// MemoryMax is set when the kernel's OOM killer ended processes of the
+	// fiber's leaf at its memory.max (memory.events oom_kill, read before
+	// the leaf is removed): the fiber went over the memory its grant
+	// allows.
+	MemoryMax bool
 }
 
-// String reads "exit:0", "signal:SIGSEGV", "template died" or "killed".
+// String reads "exit:0", "signal:SIGSEGV", "template died", "killed" or
+// "memory.max".
 func (r ExitReason) String() string {
 	switch {
+	case r.MemoryMax:
+		return "memory.max"
 	case r.Killed:
 		return "killed"
 	case r.TemplateDied:

@@ -64,6 +64,9 @@ func (c *common) finish(f *fiber, r ExitReason) {
 	ctx, cancel := core.WithTimeout(context.Background(), c.cfg.Clock, c.cfg.KillTimeout)
 	defer cancel()
 	if f.leaf != "" {
+		if n, _, err := cgroup.At(f.leaf).OOMKills(); err == nil && n > 0 {
+			r.MemoryMax = true
+		}
 		if err := cgroup.At(f.leaf).Destroy(ctx); err != nil {
 			c.log.Error(err, "Fiber leaf not removed", "fence", f.fence.String(), "leaf", f.leaf)
 		}

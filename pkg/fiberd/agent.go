@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -51,7 +52,10 @@ type Agent struct {
 	// readPressure reads a grant's pressure for pressureShed:
 	// cgroupPressure, replaced by tests before Run.
 	readPressure pressureReader
-	noPSI        sync.Once // "memory.pressure is absent" is logged once
+	// measure sums the private dirty memory of a fiber's processes for
+	// the W budget: privateDirty, replaced by tests before Run.
+	measure func(pids []int) (int64, error)
+	noPSI   sync.Once // "memory.pressure is absent" is logged once
 
 	apiTCP   net.Listener // nil when Listen is empty
 	apiUnix  net.Listener // nil when Socket is "-"
@@ -93,11 +97,19 @@ type Agent struct {
 }
 
 // fiberHandle is the agent's part of a running fiber, kept in the ledger's
-// Fiber.Handle: what to free when the fiber ends.
+// Fiber.Handle: what to free when the fiber ends, and what its W budget
+// needs.
 type fiberHandle struct {
 	backend backend.Backend
 	port    int    // TCP port held in the allocator, 0 for unix
 	sock    string // unix socket path, "" for TCP
+	pid     int    // the fiber's process, as the backend reported it
+	leaf    string // its leaf cgroup, "" for none
+	// measured is set when the grant has a W budget that the fiber's leaf
+	// does not enforce: the budget loop measures it.
+	measured bool
+	// over is the reason the budget loop ended the fiber, nil until then.
+	over atomic.Pointer[string]
 }
 
 // New validates cfg and prepares the agent in the order of ARCHITECTURE
@@ -124,6 +136,7 @@ func New(ctx context.Context, cfg Config) (a *Agent, err error) {
 		templates:    template.Dir(cfg.Templates),
 		limiter:      rate.NewLimiter(rate.Limit(cfg.ThrashRate), cfg.ThrashBurst),
 		readPressure: cgroupPressure,
+		measure:      privateDirty,
 		stopping:     make(chan struct{}),
 		slots:        make(map[string]*slot),
 		changed:      make(chan struct{}),
@@ -374,6 +387,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		loops.Go(func() { a.laneLoop(ctx, lane) })
 	}
 	loops.Go(func() { a.resync(ctx) })
+	loops.Go(func() { a.budgetLoop(ctx) })
 	for _, b := range a.backends() {
 		exits.Go(func() { a.exitLoop(b) })
 	}

@@ -172,6 +172,8 @@ func (a *Agent) create(ctx context.Context, res *core.Reservation, v slotView, p
 
 	breq := backend.CloneRequest{Fence: fence, Listener: lf, Payload: payload}
 	var leaf *cgroup.Leaf
+	budget := v.grant.WBudget
+	h.measured = budget > 0
 	if v.cg != nil {
 		l, err := v.cg.Fiber(fence.Epoch, fence.Seq)
 		if err != nil {
@@ -180,8 +182,16 @@ func (a *Agent) create(ctx context.Context, res *core.Reservation, v slotView, p
 		}
 		leaf = &l
 		breq.Leaf = l.Path()
+		if budget > 0 && v.memCgroup {
+			if err := l.SetMemoryLimit(budget, memoryHigh(budget)); err != nil {
+				a.log.Error(err, "Cannot set the fiber's memory.max; measuring its W budget instead", "fiber", fence.String())
+			} else {
+				h.measured = false
+			}
+		}
 	}
-	if _, err := b.Clone(ctx, breq); err != nil {
+	bf, err := b.Clone(ctx, breq)
+	if err != nil {
 		a.freeFiber(core.Fiber{Handle: h})
 		if leaf != nil {
 			_ = leaf.Remove() // after a failed Clone the leaf is ours
@@ -194,6 +204,7 @@ func (a *Agent) create(ctx context.Context, res *core.Reservation, v slotView, p
 		}
 		return api.CloneResponse{}, fmt.Errorf("fiber %s: clone: %w", fence, err)
 	}
+	h.pid, h.leaf = bf.PID, breq.Leaf
 	f := core.Fiber{Endpoint: url, Tier: b.Tier(), Created: a.cfg.Clock.Now(), Handle: h}
 	if cerr := a.ledger.Commit(res, f); cerr != nil {
 		// The grant was yielded or the epoch moved while forking: the new

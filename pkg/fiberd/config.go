@@ -49,6 +49,9 @@ const (
 	DefaultPortRange = "20000-20999"
 	// DefaultDenyFor is how long a revocation lasts at least.
 	DefaultDenyFor = 24 * time.Hour
+	// DefaultBudgetInterval is how often the W budget of fibers whose
+	// leaf does not enforce it is measured.
+	DefaultBudgetInterval = time.Second
 )
 
 // Config is what cmd/fiberd (or a test) hands New. Every field documents its
@@ -174,6 +177,10 @@ type Config struct {
 	// kept in StateDir/private/denied.json and outlive a restart. Default
 	// DefaultDenyFor.
 	DenyFor time.Duration
+	// BudgetInterval is how often the agent measures the private memory of
+	// each fiber of a grant with a W budget (wBudget) that no memory.max
+	// enforces, and ends those over it. Default DefaultBudgetInterval.
+	BudgetInterval time.Duration
 
 	// Clock reads the time, drives the reaper and times Clone deadlines.
 	// Default the real clock.
@@ -220,6 +227,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.DenyFor == 0 {
 		c.DenyFor = DefaultDenyFor
+	}
+	if c.BudgetInterval == 0 {
+		c.BudgetInterval = DefaultBudgetInterval
 	}
 	if c.Clock == nil {
 		c.Clock = clock.RealClock{}
@@ -276,6 +286,8 @@ func (c Config) Validate() error {
 		return bad("ReapInterval %v is negative: use 0 for the default %v", c.ReapInterval, DefaultReapInterval)
 	case c.DenyFor < 0:
 		return bad("DenyFor %v is negative: use 0 for the default %v", c.DenyFor, DefaultDenyFor)
+	case c.BudgetInterval < 0:
+		return bad("BudgetInterval %v is negative: use 0 for the default %v", c.BudgetInterval, DefaultBudgetInterval)
 	case c.AdminUnsafe && !TestHooks:
 		return bad("AdminUnsafe is set but this binary was built without the testhooks tag: drop -admin-unsafe")
 	}

@@ -8,6 +8,7 @@ import (
 	"os"
 	"time"
 
+	"fiberd.io/fiberd/pkg/api"
 	"fiberd.io/fiberd/pkg/backend"
 	"fiberd.io/fiberd/pkg/core"
 	"fiberd.io/fiberd/pkg/home"
@@ -219,10 +220,41 @@ func (a *Agent) exitLoop(b backend.Backend) {
 		}
 		if f, ok := a.ledger.Remove(ex.Fence); ok {
 			a.freeFiber(f)
-			a.log.V(1).Info("Fiber exited", "fiber", ex.Fence.String(), "reason", ex.Reason.String())
+			reason, label, over := exitReason(f, ex.Reason)
+			a.metrics.exits.WithLabelValues(label).Inc()
+			if s := a.slotOf(ex.GrantUID); s != nil {
+				s.recordExit(api.FiberExit{FiberID: ex.Fence.String(), Reason: reason, At: a.cfg.Clock.Now()}, over)
+			}
+			if over {
+				a.log.Info("Fiber ended over its W budget", "fiber", ex.Fence.String(), "reason", reason)
+			} else {
+				a.log.V(1).Info("Fiber exited", "fiber", ex.Fence.String(), "reason", reason)
+			}
 			a.notify()
 		}
 	}
+}
+
+// exitReason is how fiber f ended, for its grant's status (reason), for
+// fiberd_fiber_exits_total (label) and whether it went over its W budget:
+// ended by the budget loop, or by the kernel at its leaf's memory.max.
+func exitReason(f core.Fiber, r backend.ExitReason) (reason, label string, over bool) {
+	if h, ok := f.Handle.(*fiberHandle); ok {
+		if why := h.over.Load(); why != nil {
+			return *why, exitOverBudget, true
+		}
+	}
+	switch {
+	case r.MemoryMax:
+		return "over wBudget: ended by the kernel at its leaf's memory.max", exitOverBudget, true
+	case r.Killed:
+		return r.String(), "killed", false
+	case r.TemplateDied:
+		return r.String(), "template_died", false
+	case r.Signal != "":
+		return r.String(), "signal", false
+	}
+	return r.String(), "exit", false
 }
 
 // scopeLost is registered with a ScopeLoser home: the epoch moves on and

@@ -156,10 +156,7 @@ func (a *Agent) status() api.Status {
 			Max: g.Fibers.Max, LeaseExpiry: g.Expiry,
 		}
 		if s := a.slotOf(g.UID); s != nil {
-			if v := s.view(); v.admitted {
-				out.Warm = v.warm && v.backend.Warmed(g.UID)
-				out.Tier = v.backend.Tier()
-			}
+			s.status(&out)
 		}
 		if gs.LastSeq > 0 {
 			out.LatestFence = &core.Fence{GrantUID: g.UID, Epoch: st.Epoch, Seq: gs.LastSeq}

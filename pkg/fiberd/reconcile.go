@@ -294,8 +294,12 @@ func (a *Agent) ensureWarm(ctx context.Context, s *slot) error {
 		if err != nil {
 			a.log.Error(err, "Grant's cgroup not recorded: a crash of fiberd would leave what runs in it", "grant", uid)
 		}
+		mem, err := c.Dir.Enabled("memory")
+		if err != nil {
+			a.log.V(1).Info("Cannot tell whether the grant's cgroup has the memory controller; measuring its W budget", "grant", uid, "err", err.Error())
+		}
 		s.mu.Lock()
-		s.cg, s.cgRec = cg, rec
+		s.cg, s.cgRec, s.memCgroup = cg, rec, mem
 		s.mu.Unlock()
 	}
 	req := backend.WarmRequest{Grant: g, Spec: spec, Devices: dev, RunDir: filepath.Join(a.cfg.RunDir, "grants", uid), Records: a.recs}
@@ -342,7 +346,7 @@ func (a *Agent) yield(ctx context.Context, s *slot, reason string) {
 	s.mu.Lock()
 	b, cg, cgRec, release := s.backend, s.cg, s.cgRec, s.release
 	s.admitted, s.warm = false, false
-	s.cg, s.cgRec, s.release, s.devices = nil, procrec.Record{}, nil, core.DeviceChannel{}
+	s.cg, s.cgRec, s.memCgroup, s.release, s.devices = nil, procrec.Record{}, false, nil, core.DeviceChannel{}
 	s.wakeLocked()
 	s.mu.Unlock()
 	for _, f := range fibers {

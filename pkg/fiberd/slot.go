@@ -3,6 +3,7 @@ package fiberd
 import (
 	"time"
 
+	"fiberd.io/fiberd/pkg/api"
 	"fiberd.io/fiberd/pkg/backend"
 	"fiberd.io/fiberd/pkg/cgroup"
 	"fiberd.io/fiberd/pkg/core"
@@ -62,12 +63,15 @@ type slot struct {
 	admitted bool
 	grant    core.Grant
 	spec     template.Spec
-	backend  backend.Backend    // the backend serving it; nil before the first admission
-	cg       *cgroup.Grant      // its cgroup; nil without a cgroup root or before warm carved it
-	cgRec    procrec.Record     // cg's record in Agent.recs
-	devices  core.DeviceChannel // the home's devices for it
-	release  func()             // releases devices; nil until acquired
-	warm     bool               // warm succeeded and the zygote has not died since
+	backend  backend.Backend // the backend serving it; nil before the first admission
+	cg       *cgroup.Grant   // its cgroup; nil without a cgroup root or before warm carved it
+	cgRec    procrec.Record  // cg's record in Agent.recs
+	// memCgroup is set when cg's fiber leaves have the memory controller:
+	// the W budget is then each leaf's memory.max.
+	memCgroup bool
+	devices   core.DeviceChannel // the home's devices for it
+	release   func()             // releases devices; nil until acquired
+	warm      bool               // warm succeeded and the zygote has not died since
 	// err is why the last reconcile did not reach what is wanted (a
 	// template that did not warm, a template the node does not hold, a
 	// tier gap), nil when it did.
@@ -87,6 +91,10 @@ type slot struct {
 
 	// pressure is the cached reading of cg's pressure (pressureShed).
 	pressure pressureCache
+	// exits are the last fibers that ended on their own or for their
+	// budget, oldest first (recordExit); overBudget counts the latter.
+	exits      []api.FiberExit
+	overBudget int
 }
 
 func newSlot(uid string) *slot {
@@ -149,18 +157,19 @@ func (a *Agent) dropIfIdle(s *slot) {
 
 // slotView is what Clone and status read of a slot, copied under its mu.
 type slotView struct {
-	admitted bool
-	grant    core.Grant
-	backend  backend.Backend
-	cg       *cgroup.Grant
-	warm     bool
-	err, gap error
+	admitted  bool
+	grant     core.Grant
+	backend   backend.Backend
+	cg        *cgroup.Grant
+	memCgroup bool
+	warm      bool
+	err, gap  error
 }
 
 func (s *slot) view() slotView {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return slotView{admitted: s.admitted, grant: s.grant, backend: s.backend, cg: s.cg, warm: s.warm, err: s.err, gap: s.gap}
+	return slotView{admitted: s.admitted, grant: s.grant, backend: s.backend, cg: s.cg, memCgroup: s.memCgroup, warm: s.warm, err: s.err, gap: s.gap}
 }
 
 // isWarm reports whether admitted grant uid's template is warm.
@@ -171,4 +180,29 @@ func (a *Agent) isWarm(uid string) bool {
 	}
 	v := s.view()
 	return v.admitted && v.warm && v.backend.Warmed(uid)
+}
+
+// status fills the slot's part of its grant's status.
+func (s *slot) status(out *api.GrantStatus) {
+	s.mu.Lock()
+	admitted, warm, b, err := s.admitted, s.warm, s.backend, s.err
+	s.mu.Unlock()
+	if !admitted {
+		return
+	}
+	out.Warm = warm && b.Warmed(s.uid) // outside mu: a call into the backend
+	out.Tier = b.Tier()
+	if !out.Warm && err != nil {
+		out.Error = err.Error()
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if out.WBudget = s.grant.WBudget; out.WBudget > 0 {
+		out.WBudgetBy = "measured"
+		if s.memCgroup {
+			out.WBudgetBy = "cgroup"
+		}
+	}
+	out.OverBudget = s.overBudget
+	out.Exits = append([]api.FiberExit(nil), s.exits...)
 }
