@@ -253,8 +253,9 @@ func (a *Agent) pick(g core.Grant, spec template.Spec) (backend.Backend, error) 
 }
 
 // ensureWarm warms admitted slot s's template unless it is warm: it
-// acquires the home's devices and carves the grant's cgroup when it has
-// none yet, warms the template on its backend within the lease, and
+// acquires the home's devices (fitted to the grant's device request,
+// core.DeviceChannel.Fit: fewer than it asks for is a capacity miss, tried
+// again with back-off) and carves the grant's cgroup when it has none yet, warms the template on its backend within the lease, and
 // publishes the grant ready. A grant found cold that was published ready
 // (its zygote died) is published not ready first.
 func (a *Agent) ensureWarm(ctx context.Context, s *slot) error {
@@ -278,6 +279,11 @@ func (a *Agent) ensureWarm(ctx context.Context, s *slot) error {
 		}
 		if release == nil {
 			release = func() {}
+		}
+		// The device budget: the template gets what the grant asks for.
+		if d, err = d.Fit(g.Devices); err != nil {
+			release()
+			return fmt.Errorf("grant %q: devices: %w", uid, err)
 		}
 		dev = d
 		s.mu.Lock()
