@@ -2,7 +2,6 @@ package backend
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -82,10 +81,6 @@ type Backend interface {
 	// the first result.
 	Close() error
 }
-
-// ErrCold is wrapped by Clone when the grant is not warm: never warmed,
-// stopped, or its zygote died. The agent answers it as a capacity miss.
-var ErrCold = errors.New("template is cold")
 
 // MaxPayload is the largest Clone payload, 4096 bytes, the API's limit.
 const MaxPayload = 4096

@@ -2,17 +2,11 @@ package core
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sort"
 	"sync"
 	"time"
 )
-
-// ErrStaleCommit is what Commit returns when the grant entry a reservation
-// was made on has been yielded or replaced, or the epoch moved, while the
-// runtime was forking. The caller releases the fiber it made.
-var ErrStaleCommit = errors.New("grant entry or epoch changed during the clone")
 
 // Fiber is one running fiber in the ledger.
 type Fiber struct {
@@ -144,10 +138,6 @@ func (l *Ledger) Admit(g Grant) (added bool, err error) {
 	return true, nil
 }
 
-// ErrDenied is a grant its lane revoked, refused until the lane delivers it
-// again.
-var ErrDenied = errors.New("grant revoked by its lane")
-
 // Grant returns the admitted grant uid.
 func (l *Ledger) Grant(uid string) (Grant, bool) {
 	l.mu.Lock()
@@ -272,10 +262,6 @@ func (l *Ledger) Reserve(uid, session string, now time.Time) (res *Reservation, 
 	e.seq++
 	return &Reservation{Fence: Fence{GrantUID: uid, Epoch: l.epoch, Seq: e.seq}, Session: session, entry: e}, nil, nil
 }
-
-// ErrNoCapacity is a Clone the ledger cannot serve: unknown, denied or
-// lapsed grant, or one at fibers.max.
-var ErrNoCapacity = errors.New("no capacity")
 
 // Commit records the fiber made for res. It fails with ErrStaleCommit when
 // the grant entry was yielded or replaced or the epoch moved since Reserve;

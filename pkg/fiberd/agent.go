@@ -119,11 +119,13 @@ type fiberHandle struct {
 // socket, bound but not served: Run serves them. It asks an EndpointHoster
 // home for its endpoint host here, once. ctx bounds New's own work.
 //
-// On failure everything New acquired is released, and cfg.Home and the
-// backends are closed, since the agent owns them from New on.
+// When Validate refuses cfg, New returns its error and touches nothing:
+// cfg.Home and the backends are still the caller's. On a later failure
+// everything New acquired is released, and cfg.Home and the backends are
+// closed, since the agent owns them from there on (closing them again is
+// harmless: their Close is idempotent).
 func New(ctx context.Context, cfg Config) (a *Agent, err error) {
 	if err := cfg.Validate(); err != nil {
-		closeOwned(cfg)
 		return nil, err
 	}
 	cfg = cfg.withDefaults()
@@ -353,7 +355,9 @@ func (a *Agent) Close() {
 
 // Run serves until ctx ends, then drains: it stops accepting, releases every
 // fiber, stops every zygote, closes the backends and the home, and returns
-// nil once every goroutine it started has ended. It starts, in order, the
+// nil once every goroutine it started has ended. When one of its servers
+// fails (its listener broke), it drains the same way and returns that
+// error. It starts, in order, the
 // home, the lane, the reaper and the exit loops, then serves the admin
 // socket and the API. It returns an error without serving when the home's
 // lane cannot be opened, or when called twice or after Close.
@@ -361,7 +365,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	a.mu.Lock()
 	if a.ran || a.closed {
 		a.mu.Unlock()
-		return errors.New("fiberd: Run called twice or after Close")
+		return errRunTwice
 	}
 	a.ran = true
 	a.mu.Unlock()
@@ -392,7 +396,18 @@ func (a *Agent) Run(ctx context.Context) error {
 		exits.Go(func() { a.exitLoop(b) })
 	}
 
-	var srvs []*http.Server
+	// A server that fails ends Run, which drains and returns its error.
+	var (
+		srvs     []*http.Server
+		failOnce sync.Once
+		runErr   error // written by fail, read after servers.Wait
+	)
+	fail := func(err error) {
+		failOnce.Do(func() {
+			runErr = err
+			cancel()
+		})
+	}
 	serve := func(ln net.Listener, h http.Handler, authenticated bool) {
 		srv := &http.Server{
 			Handler:           h,
@@ -405,7 +420,8 @@ func (a *Agent) Run(ctx context.Context) error {
 		srvs = append(srvs, srv)
 		servers.Go(func() {
 			if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-				a.log.Error(err, "API server stopped", "addr", ln.Addr().String())
+				a.log.Error(err, "API server failed; fiberd stops", "addr", ln.Addr().String())
+				fail(fmt.Errorf("fiberd: serving %s: %w", ln.Addr(), err))
 			}
 		})
 	}
@@ -454,6 +470,10 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	exits.Wait()
 	a.home.Close()
+	if runErr != nil {
+		a.log.Info("Agent stopped after a failure", "err", runErr.Error())
+		return runErr
+	}
 	a.log.Info("Agent stopped")
 	return nil
 }

@@ -51,12 +51,19 @@
 //
 // # Start and stop
 //
-// New follows ARCHITECTURE 4.7: private state dir (0700), verifier, cgroup
-// tree, endpoint host (asked once of an EndpointHoster home), epoch bump,
-// ledger, then the admin socket and API listeners are bound. Run starts the
-// home, the lane, the reaper and the backends' exit loops, then serves; when
-// its context ends it stops accepting, ends watch streams, releases every
-// fiber, stops every zygote, closes the backends and the home, and returns.
+// New follows ARCHITECTURE 4.7: private state dir (0700), the sweep of what
+// a crashed run left (the processes and cgroups StateDir/private/procs
+// records, pkg/procrec), verifier, cgroup tree, endpoint host (asked once
+// of an EndpointHoster home), epoch bump, ledger and revocations, then the
+// admin socket and API listeners are bound. Run starts the home, the lane,
+// the grants' reconciles, the resync, the W budget's measurements and the
+// backends' exit loops, then serves; when its context ends (or a server
+// fails: Run then returns its error) it stops accepting, ends watch
+// streams, releases every fiber, stops every zygote, closes the backends
+// and the home, and returns.
+//
+// Locks: see the Agent type. No lock is held across I/O, a process start
+// or a call into the home, a backend or the verifier.
 //
 // # API and authentication
 //
@@ -88,6 +95,15 @@
 // declared here; homes never import this package and satisfy them
 // structurally.
 //
+// # The W budget
+//
+// A grant's wBudget bounds the private memory each fiber dirties: the
+// fiber's leaf's memory.max where the grant's cgroup has the memory
+// controller, else the agent's measurement (budget.go). A fiber over it is
+// ended; the grant's status lists its exit ("over wBudget: ..."), and
+// fiberd_fiber_exits_total counts it.
+//
 // Who imports it: cmd/fiberd, and tests. It imports pkg/home, pkg/grant,
-// pkg/backend, pkg/cgroup, pkg/endpoint, pkg/template, pkg/api and pkg/core.
+// pkg/backend, pkg/cgroup, pkg/procrec, pkg/endpoint, pkg/template,
+// pkg/api and pkg/core.
 package fiberd
