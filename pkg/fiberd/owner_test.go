@@ -6,8 +6,12 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -15,6 +19,7 @@ import (
 	"fiberd.io/fiberd/pkg/backend"
 	"fiberd.io/fiberd/pkg/backend/fake"
 	"fiberd.io/fiberd/pkg/core"
+	"fiberd.io/fiberd/pkg/procrec"
 )
 
 // The tests of this file are the measurements of issue 13, each turned
@@ -235,3 +240,42 @@ var errTestZygote = &testError{"zygote crashed during init"}
 type testError struct{ s string }
 
 func (e *testError) Error() string { return e.s }
+
+// TestNewEndsWhatACrashLeft: New ends the processes a previous run on the
+// same state directory recorded (here a session of two sleeps, as a
+// fiber and what it started), before it serves.
+func TestNewEndsWhatACrashLeft(t *testing.T) {
+	state, err := os.MkdirTemp("", "fd")
+	must(t, err)
+	t.Cleanup(func() { os.RemoveAll(state) })
+	cmd := exec.Command("/bin/sh", "-c", "sleep 60 & sleep 60")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Start(); err != nil {
+		t.Skipf("cannot start /bin/sh: %v", err)
+	}
+	t.Cleanup(func() { _ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL); _ = cmd.Wait() })
+	st, err := procrec.ReadStat(cmd.Process.Pid)
+	must(t, err)
+	for i := 0; i < 500 && len(sessionMembers()[cmd.Process.Pid]) < 3; i++ {
+		time.Sleep(10 * time.Millisecond) // sh starts its two sleeps
+	}
+	recs, err := procrec.Open(filepath.Join(state, "private", "procs"))
+	must(t, err)
+	_, err = recs.AddProcess(cmd.Process.Pid, st.Start)
+	must(t, err)
+
+	newEnv(t, func(e *env) {
+		os.RemoveAll(e.stateDir)
+		e.stateDir, e.cfg.StateDir = state, state
+		tdir := filepath.Join(state, "templates")
+		must(t, os.MkdirAll(tdir, 0o755))
+		e.cfg.Templates = tdir
+		e.zygote = writeTemplate(t, tdir, "counter", `{"command":"/bin/true","zygote":true}`)
+	})
+	if left := sessionMembers()[cmd.Process.Pid]; len(left) != 0 {
+		t.Errorf("session %d of the previous run still has %v after New", cmd.Process.Pid, left)
+	}
+	if err := cmd.Wait(); err == nil {
+		t.Error("the recorded process exited by itself, not killed")
+	}
+}

@@ -272,3 +272,23 @@ func TestParseStat(t *testing.T) {
 		t.Fatalf("ReadStat(self) = %+v, %v; ppid %d", self, err, os.Getppid())
 	}
 }
+
+// TestSweepOutrunsAForkingSession: a recorded process that keeps forking
+// while the sweep runs leaves nothing behind: the sweep scans again after
+// each round of kills.
+func TestSweepOutrunsAForkingSession(t *testing.T) {
+	linuxOnly(t)
+	d, err := Open(filepath.Join(t.TempDir(), "procs"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := startSession(t, "while :; do sleep 60 & sleep 0.002; done")
+	members(t, s.pid, 5)
+	if _, err := d.AddProcess(s.pid, s.start); err != nil {
+		t.Fatal(err)
+	}
+	sweep(t, d)
+	if left := members(t, s.pid, 0); len(left) != 0 {
+		t.Fatalf("session of a forking process still has %v after the sweep", left)
+	}
+}

@@ -90,40 +90,50 @@ func (d *Dir) Sweep(ctx context.Context) (Swept, error) {
 	if len(procs) == 0 {
 		return sw, errors.Join(errs...)
 	}
+	killed := map[int]bool{}
 
 	// Whom to kill: each recorded process that is still itself, and the
-	// members of its session started after it.
-	table := scanProc()
-	targets := map[int]uint64{} // pid -> start
-	for _, r := range procs {
-		if st, ok := table[r.pid]; ok && st.Start != r.start {
-			continue // the pid names another process, and so its session
-		} else if ok && !st.Zombie {
-			targets[r.pid] = r.start
-		}
-		for pid, st := range table {
-			if st.Session == r.pid && st.Start >= r.start && !st.Zombie {
-				targets[pid] = st.Start
+	// members of its session started after it. A member may fork while
+	// the sweep runs: the /proc scan is made again after each round of
+	// kills, until one finds nothing left (a killed process forks no more,
+	// so this ends).
+	for {
+		table := scanProc()
+		targets := map[int]uint64{} // pid -> start
+		for _, r := range procs {
+			if st, ok := table[r.pid]; ok && st.Start != r.start {
+				continue // the pid names another process, and so its session
+			} else if ok && !st.Zombie {
+				targets[r.pid] = r.start
+			}
+			for pid, st := range table {
+				if st.Session == r.pid && st.Start >= r.start && !st.Zombie {
+					targets[pid] = st.Start
+				}
 			}
 		}
-	}
-	var fds []int
-	for pid, start := range targets {
-		fd, err := unix.PidfdOpen(pid, 0)
-		if err != nil {
-			continue // gone meanwhile
+		if len(targets) == 0 {
+			break
 		}
-		if st, err := ReadStat(pid); err != nil || st.Start != start {
-			_ = unix.Close(fd) // gone, and the pid reused, before the pidfd named it
-			continue
+		var fds []int
+		for pid, start := range targets {
+			fd, err := unix.PidfdOpen(pid, 0)
+			if err != nil {
+				continue // gone meanwhile
+			}
+			if st, err := ReadStat(pid); err != nil || st.Start != start {
+				_ = unix.Close(fd) // gone, and the pid reused, before the pidfd named it
+				continue
+			}
+			if err := unix.PidfdSendSignal(fd, unix.SIGKILL, nil, 0); err == nil && !killed[pid] {
+				sw.Processes++
+				killed[pid] = true
+			}
+			fds = append(fds, fd)
 		}
-		if err := unix.PidfdSendSignal(fd, unix.SIGKILL, nil, 0); err == nil {
-			sw.Processes++
+		if err := waitGone(ctx, fds); err != nil {
+			return sw, errors.Join(append(errs, err)...)
 		}
-		fds = append(fds, fd)
-	}
-	if err := waitGone(ctx, fds); err != nil {
-		return sw, errors.Join(append(errs, err)...)
 	}
 	for _, r := range procs {
 		_ = os.Remove(r.path)
