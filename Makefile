@@ -11,7 +11,7 @@ export FIBERD_KUBE_CACHE
 TAGGED := -tags integration
 E2E_TAGS := -tags e2e
 
-.PHONY: help build test vet fuzz ci kube-tools test-integration e2e
+.PHONY: help build test vet fuzz ci kube-tools test-integration conformance e2e
 
 help: ## List the targets.
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -20,14 +20,15 @@ build: ## Build every command into ./bin.
 	@mkdir -p $(BIN)
 	$(GO) build -o $(BIN)/ ./cmd/...
 
-test: ## Unit tests with the race detector, and the testhooks build of the agent and daemon.
+test: ## Unit tests with the race detector, and the testhooks build of the agent, the daemon and the conformance suite.
 	$(GO) test -race -count=1 ./...
-	$(GO) test -race -count=1 -tags testhooks ./pkg/fiberd/... ./cmd/fiberd/...
+	$(GO) test -race -count=1 -tags testhooks ./pkg/fiberd/... ./cmd/fiberd/... ./test/conformance/...
 
 vet: ## go vet (every build tag) and gofmt.
 	$(GO) vet ./...
 	$(GO) vet -tags testhooks ./pkg/fiberd/... ./cmd/fiberd/...
 	$(GO) vet $(TAGGED) ./pkg/home/kubernetes/... ./test/...
+	$(GO) vet -tags integration,testhooks ./test/conformance/...
 	$(GO) vet $(E2E_TAGS) ./test/e2e/...
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 
@@ -40,10 +41,13 @@ kube-tools: ## Build kube-apiserver, kubectl and etcd into $(FIBERD_KUBE_CACHE)/
 test-integration: kube-tools ## The Kubernetes home and harness on a real kube-apiserver + etcd; never skips.
 	FIBERD_KUBE_REQUIRED=1 $(GO) test -race -count=1 $(TAGGED) ./pkg/home/kubernetes/... ./test/kubeapi/...
 
+conformance: kube-tools ## The agent's promises against every home (the Kubernetes one on a real API server) and backend; never skips the Kubernetes home.
+	FIBERD_KUBE_REQUIRED=1 $(GO) test -race -count=1 -tags integration,testhooks ./test/conformance/...
+
 e2e: kube-tools ## A grant Pod end to end: real API server, grant-issuer, fiberd -home kubernetes.
 	FIBERD_KUBE_REQUIRED=1 $(GO) test -count=1 -timeout 20m $(E2E_TAGS) ./test/e2e/...
 
-ci: vet build test fuzz test-integration e2e ## What .ci/run runs: everything, nothing skipped.
+ci: vet build test fuzz test-integration conformance e2e ## What .ci/run runs: everything, nothing skipped.
 
 .PHONY: demo
 demo: ## Start fiberd -dev, clone warm and cold fibers, print their times, stop it.

@@ -21,6 +21,7 @@ import (
 	"k8s.io/utils/clock"
 
 	"fiberd.io/fiberd/internal/devkit"
+	"fiberd.io/fiberd/pkg/api"
 	"fiberd.io/fiberd/pkg/client"
 	"fiberd.io/fiberd/pkg/core"
 	"fiberd.io/fiberd/pkg/fiberd"
@@ -38,6 +39,9 @@ const (
 	// devWarmWait bounds how long -dev waits for its templates to be warm
 	// before it prints what to run next anyway.
 	devWarmWait = 90 * time.Second
+	// devWaitingEvery is how often -dev says which templates it still
+	// waits for.
+	devWaitingEvery = 10 * time.Second
 )
 
 // devSetup is what prepareDev made: the state directory, the issuer's keys,
@@ -274,6 +278,37 @@ func (d *devSetup) cleanup(log logr.Logger) {
 	}
 }
 
+// waitingLine names the -dev templates with a zygote not warm yet, after
+// waited.
+func (d *devSetup) waitingLine(warm map[string]bool, waited time.Duration) string {
+	var names []string
+	for _, g := range d.grants {
+		if g.Warm && !warm[g.UID] {
+			names = append(names, g.Template)
+		}
+	}
+	return fmt.Sprintf("fiberd -dev: still waiting for %s to warm (%s so far)", strings.Join(names, ", "), waited.Round(time.Second))
+}
+
+// failures are the lines saying why a -dev template is not warm, for each
+// grant whose status carries an error not yet told (told records them).
+func (d *devSetup) failures(st api.Status, told map[string]string) []string {
+	names := map[string]string{}
+	for _, g := range d.grants {
+		names[g.UID] = g.Template
+	}
+	var out []string
+	for _, g := range st.Grants {
+		name, ours := names[g.UID]
+		if !ours || g.Warm || g.Error == "" || told[g.UID] == g.Error {
+			continue
+		}
+		told[g.UID] = g.Error
+		out = append(out, fmt.Sprintf("fiberd -dev: template %s is not warm: %s", name, g.Error))
+	}
+	return out
+}
+
 // warmCount is how many -dev grants have a zygote to warm.
 func (d *devSetup) warmCount() int {
 	n := 0
@@ -305,10 +340,14 @@ func (d *devSetup) announce(ctx context.Context, agent *fiberd.Agent, stopped <-
 		zygotes[g.UID] = g.Warm
 	}
 	warm := map[string]bool{}
+	told := map[string]string{} // by grant UID: the failure last printed
+	started := time.Now()
 	wait := time.NewTimer(devWarmWait)
 	defer wait.Stop()
 	tick := time.NewTicker(100 * time.Millisecond)
 	defer tick.Stop()
+	waiting := time.NewTicker(devWaitingEvery)
+	defer waiting.Stop()
 poll:
 	for len(warm) < d.warmCount() {
 		select {
@@ -319,6 +358,8 @@ poll:
 		case <-wait.C:
 			log.Info("Not every -dev template is warm yet; printing the commands anyway", "warm", len(warm), "grants", len(d.grants))
 			break poll
+		case <-waiting.C:
+			fmt.Fprintln(stdout, d.waitingLine(warm, time.Since(started)))
 		case <-tick.C:
 			st, err := c.Status(ctx)
 			if err != nil {
@@ -328,6 +369,9 @@ poll:
 				if g.Warm && zygotes[g.UID] {
 					warm[g.UID] = true
 				}
+			}
+			for _, line := range d.failures(st, told) {
+				fmt.Fprintln(stdout, line)
 			}
 		}
 	}

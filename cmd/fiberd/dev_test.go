@@ -11,6 +11,7 @@ import (
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"fiberd.io/fiberd/internal/devkit"
+	"fiberd.io/fiberd/pkg/api"
 	"fiberd.io/fiberd/pkg/grant"
 	"fiberd.io/fiberd/pkg/template"
 )
@@ -92,5 +93,35 @@ func TestDevGrantsFromSpecs(t *testing.T) {
 		if grants2[i].UID != grants[i].UID {
 			t.Errorf("UID of %s changed with the same key: %s, then %s", grants[i].Template, grants[i].UID, grants2[i].UID)
 		}
+	}
+}
+
+// TestDevSaysWhatItWaitsFor: -dev names the templates it still waits for,
+// and says once why one is not warm (again when the reason changes).
+func TestDevSaysWhatItWaitsFor(t *testing.T) {
+	d := &devSetup{grants: []devGrant{
+		{UID: "dev-counter-c-1", Template: "counter-c", Warm: true},
+		{UID: "dev-counter-py-1", Template: "counter-py", Warm: true},
+		{UID: "dev-counter-c-cold-1", Template: "counter-c-cold"},
+	}}
+	line := d.waitingLine(map[string]bool{"dev-counter-c-1": true}, 12*time.Second)
+	if !strings.Contains(line, "counter-py") || strings.Contains(line, "counter-c,") || strings.Contains(line, "cold") || !strings.Contains(line, "12s") {
+		t.Errorf("waiting line %q: want counter-py only, and the time", line)
+	}
+	told := map[string]string{}
+	st := api.Status{Grants: []api.GrantStatus{
+		{UID: "dev-counter-c-1", Warm: true},
+		{UID: "dev-counter-py-1", Error: `grant "dev-counter-py-1": template not warm: zygote exited before READY`},
+	}}
+	got := d.failures(st, told)
+	if len(got) != 1 || !strings.Contains(got[0], "counter-py") || !strings.Contains(got[0], "zygote exited before READY") {
+		t.Fatalf("failures = %q, want the Python counter's reason", got)
+	}
+	if again := d.failures(st, told); len(again) != 0 {
+		t.Errorf("the same reason told twice: %q", again)
+	}
+	st.Grants[1].Error = "another reason"
+	if again := d.failures(st, told); len(again) != 1 {
+		t.Errorf("a new reason not told: %q", again)
 	}
 }

@@ -8,7 +8,6 @@ import (
 	"net"
 	"net/url"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"time"
 
@@ -114,9 +113,9 @@ func parseFlags(args []string, env environ, usage io.Writer) (options, error) {
 	portRange := fs.String("port-range", fiberd.DefaultPortRange, "TCP ports of inet fibers, FIRST-LAST")
 	fs.StringVar(&o.cgroupRoot, "cgroup-root", "", "cgroup v2 directory fibers are carved under (default a delegated subtree of fiberd's own cgroup; \"none\" for no cgroups)")
 	devices := fs.String("devices", "", "comma-separated device paths or ids handed to every template (standalone)")
-	fs.DurationVar(&o.staleTTL, "stale-ttl", standalone.DefaultStaleTTL, "how long the control plane may be silent before misses turn from DEFERRED_FALLBACK to SHED")
-	fs.Float64Var(&o.thrashRate, "thrash-rate", fiberd.DefaultThrashRate, "Clones per second admitted in the long run; more are SHED")
-	fs.IntVar(&o.thrashBurst, "thrash-burst", fiberd.DefaultThrashBurst, "Clones admitted at once before the thrash rate applies")
+	fs.DurationVar(&o.staleTTL, "stale-ttl", standalone.DefaultStaleTTL, "how long the control plane may be silent before misses turn from DEFERRED_FALLBACK to SHED (0: the home's default)")
+	fs.Float64Var(&o.thrashRate, "thrash-rate", fiberd.DefaultThrashRate, "Clones per second admitted in the long run; more are SHED (0: the default)")
+	fs.IntVar(&o.thrashBurst, "thrash-burst", fiberd.DefaultThrashBurst, "Clones admitted at once before the thrash rate applies (0: the default)")
 	fs.Float64Var(&o.pressureThreshold, "pressure-threshold", fiberd.DefaultPressureThreshold, "memory pressure of a grant's cgroup (PSI some avg10, percent) above which its Clones are SHED; 0 turns the check off")
 	fs.StringVar(&o.tlsCert, "tls-cert", "", "PEM server certificate of the TCP listener (with -tls-key and -client-ca)")
 	fs.StringVar(&o.tlsKey, "tls-key", "", "PEM key of -tls-cert")
@@ -197,53 +196,11 @@ func (o *options) check(set map[string]bool, env environ) error {
 	}
 	kube := o.home == kubernetes.Name
 
-	for _, d := range []struct {
-		name string
-		v    time.Duration
-	}{{"jwks-max-stale", o.jwksMaxStale}, {"max-lease", o.maxLease}, {"stale-ttl", o.staleTTL}} {
-		if d.v < 0 {
-			return bad(d.name, "%v is negative", d.v)
-		}
+	if o.jwksMaxStale <= 0 {
+		return bad("jwks-max-stale", "%v is not positive", o.jwksMaxStale)
 	}
-	if o.jwksMaxStale == 0 {
-		return bad("jwks-max-stale", "must be positive")
-	}
-	if o.staleTTL == 0 {
-		return bad("stale-ttl", "must be positive")
-	}
-	if o.thrashRate <= 0 {
-		return bad("thrash-rate", "%v is not positive", o.thrashRate)
-	}
-	if o.thrashBurst <= 0 {
-		return bad("thrash-burst", "%d is not positive", o.thrashBurst)
-	}
-	if !(o.pressureThreshold >= 0 && o.pressureThreshold <= 100) {
-		return bad("pressure-threshold", "%v is not a percentage from 0 to 100 (0 turns pressure shedding off)", o.pressureThreshold)
-	}
-	if o.endpointHost != "" {
-		ip := net.ParseIP(o.endpointHost)
-		if ip == nil {
-			return bad("endpoint-host", "%q is not an IP address", o.endpointHost)
-		}
-		if o.endpointFamily == endpoint.Unix {
-			return bad("endpoint-host", "has no use with -endpoint-family unix")
-		}
-		if (o.endpointFamily == endpoint.Inet4) != (ip.To4() != nil) {
-			return bad("endpoint-host", "%s is not an address of family %v", o.endpointHost, o.endpointFamily)
-		}
-	}
-	if o.cgroupRoot != "" && !filepath.IsAbs(o.cgroupRoot) {
-		return bad("cgroup-root", "%q is not absolute: give a directory under the cgroup2 mount, or \"none\"", o.cgroupRoot)
-	}
-	for _, p := range []struct{ name, v string }{
-		{"state", o.state}, {"run-dir", o.runDir}, {"grants-dir", o.grantsDir}, {"templates", o.templates},
-	} {
-		if p.v != "" && !filepath.IsAbs(p.v) {
-			return bad(p.name, "%q is not an absolute path", p.v)
-		}
-	}
-	if o.socket != "" && o.socket != "-" && !filepath.IsAbs(o.socket) {
-		return bad("socket", "%q is not an absolute path (or \"-\" for none)", o.socket)
+	if o.endpointHost != "" && o.endpointFamily == endpoint.Unix {
+		return bad("endpoint-host", "has no use with -endpoint-family unix")
 	}
 
 	if o.dev {
@@ -267,12 +224,6 @@ func (o *options) check(set map[string]bool, env environ) error {
 	}
 	if o.nodeID == "" {
 		o.nodeID = env.hostname
-	}
-	if o.nodeID == "" {
-		return bad("node-id", "the host name is unknown: set the node id, the audience of this home's grants")
-	}
-	if !o.dev && o.templates == "" {
-		return bad("templates", "is required: the directory of template specs")
 	}
 	return nil
 }
@@ -326,49 +277,26 @@ func (o *options) checkIssuer() error {
 	return nil
 }
 
-// checkListen checks -listen against the TLS flags and -insecure-plaintext.
+// checkListen settles what only the command line says about -listen: a
+// plaintext listener on a non-loopback address counts as named explicitly
+// (Config.InsecureAllowNonLoopback) when -listen was given and names a
+// host, not a wildcard; and -insecure-plaintext conflicts with TLS. The
+// rest (the TLS files together, host:port, TLS or plaintext on loopback)
+// is fiberd.Config's Validate.
 func (o *options) checkListen() error {
-	tls := map[string]string{"tls-cert": o.tlsCert, "tls-key": o.tlsKey, "client-ca": o.clientCA}
-	n := 0
-	for _, v := range tls {
-		if v != "" {
-			n++
-		}
+	tls := o.tlsCert != "" || o.tlsKey != "" || o.clientCA != ""
+	if tls && o.insecurePlaintext && !o.dev {
+		return bad("insecure-plaintext", "conflicts with -tls-cert: pick TLS or plaintext")
 	}
-	if n != 0 && n != 3 {
-		for _, name := range []string{"tls-cert", "tls-key", "client-ca"} {
-			if tls[name] == "" {
-				return bad(name, "is missing: -tls-cert, -tls-key and -client-ca go together")
-			}
-		}
-	}
-	if o.listen == "" {
+	if o.listen == "" || tls || !o.insecurePlaintext || !o.listenSet {
 		return nil
 	}
-	host, port, err := net.SplitHostPort(o.listen)
-	if err != nil {
-		return bad("listen", "%q is not host:port: %v", o.listen, err)
-	}
-	if p, err := strconv.Atoi(port); err != nil || p < 0 || p > 65535 {
-		return bad("listen", "%q has no valid port", o.listen)
-	}
-	if n == 3 {
-		if o.insecurePlaintext && !o.dev {
-			return bad("insecure-plaintext", "conflicts with -tls-cert: pick TLS or plaintext")
-		}
-		return nil
-	}
-	if !o.insecurePlaintext {
-		return bad("listen", "%s has no TLS: set -tls-cert, -tls-key and -client-ca, or -insecure-plaintext on a loopback address, or -listen= to serve the unix socket only", o.listen)
-	}
-	if endpoint.IsLoopbackHost(host) {
-		return nil
+	host, _, err := net.SplitHostPort(o.listen)
+	if err != nil || endpoint.IsLoopbackHost(host) {
+		return nil // Validate names a malformed address
 	}
 	if ip := net.ParseIP(host); host == "" || ip != nil && ip.IsUnspecified() {
-		return bad("listen", "plaintext on the wildcard address %q: name the non-loopback address to expose, or use TLS", o.listen)
-	}
-	if !o.listenSet {
-		return bad("listen", "plaintext on non-loopback %q must be named explicitly", o.listen)
+		return nil // a wildcard is never named explicitly: Validate refuses it
 	}
 	o.insecureNonLoopback = true
 	return nil
@@ -391,6 +319,15 @@ func (o *options) checkKube() error {
 	if o.noCgroups {
 		return bad("cgroup-root", "\"none\" is for the standalone home: the Kubernetes home carves the Pod's own cgroup")
 	}
+	if o.cgroupRoot != "" && !filepath.IsAbs(o.cgroupRoot) {
+		return bad("cgroup-root", "%q is not absolute: give a directory under the cgroup2 mount", o.cgroupRoot)
+	}
+	if o.grantsDir != "" && !filepath.IsAbs(o.grantsDir) {
+		return bad("grants-dir", "%q is not an absolute path", o.grantsDir)
+	}
+	if o.staleTTL < 0 {
+		return bad("stale-ttl", "%v is negative", o.staleTTL)
+	}
 	if o.grantsDir == "" && !(fiberd.TestHooks && o.adminUnsafe) {
 		return bad("grants-dir", "is required under -home kubernetes: the home admits grants from its files (an empty one is allowed only in a testhooks build under -admin-unsafe)")
 	}
@@ -408,8 +345,62 @@ func (o *options) checkKube() error {
 	} else if o.grantIssuerURL != "" || o.grantCAFile != "" {
 		return bad("grant-token-file", "is required with -grant-issuer-url and -grant-ca-file")
 	}
-	if o.templates == "" {
-		return bad("templates", "is required: the directory of template specs")
+	return nil
+}
+
+// agentConfig is the agent's Config of the options, without the parts
+// build makes (Home, Keys, Warm, Basic).
+func (o options) agentConfig() fiberd.Config {
+	return fiberd.Config{
+		Issuer:                   o.issuer,
+		NodeID:                   o.nodeID,
+		MaxLease:                 o.maxLease,
+		Templates:                o.templates,
+		StateDir:                 o.state,
+		RunDir:                   o.runDir,
+		Listen:                   o.listen,
+		Socket:                   o.socket,
+		TLSCert:                  o.tlsCert,
+		TLSKey:                   o.tlsKey,
+		ClientCA:                 o.clientCA,
+		InsecurePlaintext:        o.insecurePlaintext,
+		InsecureAllowNonLoopback: o.insecureNonLoopback,
+		EndpointFamily:           o.endpointFamily,
+		EndpointHost:             o.endpointHost,
+		PortRange:                o.portRange,
+		ThrashRate:               o.thrashRate,
+		ThrashBurst:              o.thrashBurst,
+		PressureThreshold:        o.pressureThreshold,
+		AdminUnsafe:              o.adminUnsafe,
+	}
+}
+
+// standaloneConfig is the standalone home's Config of the options, with
+// the issuer's key cache (nil when keys are verified offline).
+func (o options) standaloneConfig(cache *grant.Cache) standalone.Config {
+	return standalone.Config{
+		GrantsDir:  o.grantsDir,
+		Cache:      cache,
+		StaleTTL:   o.staleTTL,
+		CgroupRoot: o.cgroupRoot,
+		NoCgroups:  o.noCgroups,
+		Devices:    o.devices,
+	}
+}
+
+// validate lets the Configs the options make speak: the agent's settings
+// (fiberd.Config.ValidateSettings) and, for the standalone home, its
+// Config's Validate. Each refusal names its flag. run calls it once the
+// options are complete (under -dev, after prepareDev), before anything is
+// built.
+func (o options) validate() error {
+	if err := o.agentConfig().ValidateSettings(); err != nil {
+		return &flagError{msg: err.Error()}
+	}
+	if o.home == standalone.Name {
+		if err := o.standaloneConfig(nil).Validate(); err != nil {
+			return &flagError{msg: err.Error()}
+		}
 	}
 	return nil
 }

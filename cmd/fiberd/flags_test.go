@@ -164,6 +164,11 @@ func TestParseFlagsModes(t *testing.T) {
 			if err != nil {
 				t.Fatalf("parseFlags(%q) = %v", tt.args, err)
 			}
+			if !o.dev {
+				if err := o.validate(); err != nil {
+					t.Fatalf("validate(%q) = %v", tt.args, err)
+				}
+			}
 			tt.check(t, o)
 		})
 	}
@@ -196,7 +201,8 @@ func TestParseFlagsRefusals(t *testing.T) {
 		{"relative socket", sa("-socket", "f.sock"), testEnv, "-socket"},
 		{"no node id", sa(), environ{vars: map[string]string{}}, "-node-id"},
 		{"bad duration", sa("-stale-ttl", "soon"), testEnv, "-stale-ttl"},
-		{"zero stale ttl", sa("-stale-ttl", "0s"), testEnv, "-stale-ttl"},
+		{"negative stale ttl", sa("-stale-ttl", "-1s"), testEnv, "-stale-ttl"},
+		{"negative stale ttl, kubernetes", ka("-stale-ttl", "-1s"), kubeEnv, "-stale-ttl"},
 		{"negative max lease", sa("-max-lease", "-1h"), testEnv, "-max-lease"},
 		{"zero jwks max stale", sa("-jwks-max-stale", "0s"), testEnv, "-jwks-max-stale"},
 		{"bad family", sa("-endpoint-family", "ipx"), testEnv, "-endpoint-family"},
@@ -206,7 +212,8 @@ func TestParseFlagsRefusals(t *testing.T) {
 		{"endpoint host with unix", sa("-endpoint-host", "127.0.0.1"), testEnv, "-endpoint-host"},
 		{"relative cgroup root", sa("-cgroup-root", "fiberd"), testEnv, "-cgroup-root"},
 		{"empty device", sa("-devices", "/dev/a,,/dev/b"), testEnv, "-devices"},
-		{"zero thrash rate", sa("-thrash-rate", "0"), testEnv, "-thrash-rate"},
+		{"negative thrash rate", sa("-thrash-rate", "-1"), testEnv, "-thrash-rate"},
+		{"listen port out of range", sa("-listen", "127.0.0.1:99999", "-insecure-plaintext"), testEnv, "-listen"},
 		{"negative thrash burst", sa("-thrash-burst", "-1"), testEnv, "-thrash-burst"},
 		{"thrash rate not a number", sa("-thrash-rate", "fast"), testEnv, "-thrash-rate"},
 		{"negative pressure threshold", sa("-pressure-threshold", "-5"), testEnv, "-pressure-threshold"},
@@ -241,10 +248,15 @@ func TestParseFlagsRefusals(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			_, err := parseFlags(tt.args, tt.env, io.Discard)
+			// The flags' own rules, then the Configs' Validate, as run
+			// applies them.
+			o, err := parseFlags(tt.args, tt.env, io.Discard)
+			if err == nil {
+				err = o.validate()
+			}
 			var fe *flagError
 			if !errors.As(err, &fe) {
-				t.Fatalf("parseFlags(%q) = %v, want a *flagError", tt.args, err)
+				t.Fatalf("parseFlags(%q), validate = %v, want a *flagError", tt.args, err)
 			}
 			if !strings.Contains(err.Error(), tt.flag) {
 				t.Errorf("error %q does not name %s", err, tt.flag)
@@ -294,5 +306,18 @@ func TestKubernetesWithoutGrantsDir(t *testing.T) {
 	}
 	if _, err := parseFlags(args[:len(args)-1], kubeEnv, io.Discard); err == nil || !strings.Contains(err.Error(), "-grants-dir") {
 		t.Fatalf("testhooks build without -admin-unsafe: %v, want -grants-dir refused", err)
+	}
+}
+
+// TestZeroMeansTheDefault: a zero -thrash-rate, -thrash-burst or -stale-ttl
+// is the Config's default, as the Configs document, not a refusal.
+func TestZeroMeansTheDefault(t *testing.T) {
+	args := append(append([]string{}, standaloneArgs...), "-thrash-rate", "0", "-thrash-burst", "0", "-stale-ttl", "0s")
+	o, err := parseFlags(args, testEnv, io.Discard)
+	if err == nil {
+		err = o.validate()
+	}
+	if err != nil {
+		t.Fatalf("zeros: %v", err)
 	}
 }

@@ -103,6 +103,11 @@ func run(ctx context.Context, args []string, env environ, stdout, stderr io.Writ
 		}
 		defer dev.cleanup(log)
 	}
+	// The Configs the flags make speak before anything is built.
+	if err := o.validate(); err != nil {
+		fmt.Fprintf(stderr, "fiberd: %v\nRun \"fiberd -h\" for the flags.\n", err)
+		return exitUsage
+	}
 
 	agent, err := build(ctx, o, log)
 	if err != nil {
@@ -171,49 +176,26 @@ func build(ctx context.Context, o options, log logr.Logger) (*fiberd.Agent, erro
 		h.Close()
 		return nil, fmt.Errorf("exec backend: %w", err)
 	}
-	// From here the agent owns the home and the backends, also when New
-	// fails.
-	return fiberd.New(ctx, fiberd.Config{
-		Home:                     h,
-		Issuer:                   o.issuer,
-		NodeID:                   o.nodeID,
-		Keys:                     keys,
-		MaxLease:                 o.maxLease,
-		Templates:                o.templates,
-		Warm:                     warm,
-		Basic:                    basic,
-		StateDir:                 o.state,
-		RunDir:                   o.runDir,
-		Listen:                   o.listen,
-		Socket:                   o.socket,
-		TLSCert:                  o.tlsCert,
-		TLSKey:                   o.tlsKey,
-		ClientCA:                 o.clientCA,
-		InsecurePlaintext:        o.insecurePlaintext,
-		InsecureAllowNonLoopback: o.insecureNonLoopback,
-		EndpointFamily:           o.endpointFamily,
-		EndpointHost:             o.endpointHost,
-		PortRange:                o.portRange,
-		ThrashRate:               o.thrashRate,
-		ThrashBurst:              o.thrashBurst,
-		PressureThreshold:        o.pressureThreshold,
-		Logger:                   log,
-		AdminUnsafe:              o.adminUnsafe,
-	})
+	cfg := o.agentConfig()
+	cfg.Home, cfg.Keys, cfg.Warm, cfg.Basic, cfg.Logger = h, keys, warm, basic, log
+	a, err := fiberd.New(ctx, cfg)
+	if err != nil {
+		// A Config New refused leaves the parts to us; after that New has
+		// closed them itself, and closing again is harmless.
+		basic.Close()
+		warm.Close()
+		h.Close()
+		return nil, err
+	}
+	return a, nil
 }
 
 // buildHome builds the home -home names.
 func buildHome(ctx context.Context, o options, cache *grant.Cache, log logr.Logger) (home.Home, error) {
 	if o.home == standalone.Name {
-		h, err := standalone.New(standalone.Config{
-			GrantsDir:  o.grantsDir,
-			Cache:      cache,
-			StaleTTL:   o.staleTTL,
-			CgroupRoot: o.cgroupRoot,
-			NoCgroups:  o.noCgroups,
-			Devices:    o.devices,
-			Logger:     log,
-		})
+		cfg := o.standaloneConfig(cache)
+		cfg.Logger = log
+		h, err := standalone.New(cfg)
 		if err != nil {
 			return nil, err
 		}

@@ -118,6 +118,35 @@ type GrantStatus struct {
 	LatestFence *core.Fence   `json:"latestFence,omitempty"`
 	Tier        core.Tier     `json:"tier"`
 	Fibers      []FiberStatus `json:"fibers,omitempty"`
+	// Error says why the grant's template is not warm (it failed to
+	// start, its devices or cgroup could not be had); empty when warm or
+	// still warming for the first time.
+	Error string `json:"error,omitempty"`
+	// WBudget is the memory, in bytes, each fiber of the grant may dirty;
+	// 0 is no budget.
+	WBudget int64 `json:"wBudget,omitempty"`
+	// WBudgetBy is how the budget is enforced: "cgroup" (memory.max on
+	// each fiber's leaf) or "measured" (fiberd measures each fiber's
+	// private memory and ends one over it); empty without a budget.
+	WBudgetBy string `json:"wBudgetBy,omitempty"`
+	// OverBudget counts the grant's fibers ended for going over WBudget.
+	OverBudget int `json:"overBudget,omitempty"`
+	// Exits are the last fibers of the grant that ended on their own or
+	// for their budget (not those released), oldest first, at most
+	// MaxExits.
+	Exits []FiberExit `json:"exits,omitempty"`
+}
+
+// MaxExits is how many recent fiber exits a GrantStatus lists.
+const MaxExits = 8
+
+// FiberExit is a fiber that ended, in a GrantStatus.
+type FiberExit struct {
+	FiberID string `json:"fiberID"`
+	// Reason says how: "exit:0", "signal:SIGSEGV", "template died", or
+	// "over wBudget: ..." for a fiber ended for its budget.
+	Reason string    `json:"reason"`
+	At     time.Time `json:"at"`
 }
 
 // FiberStatus is one running fiber in a GrantStatus.

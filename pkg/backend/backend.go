@@ -2,7 +2,6 @@ package backend
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -15,6 +14,7 @@ import (
 	"k8s.io/utils/clock"
 
 	"fiberd.io/fiberd/pkg/core"
+	"fiberd.io/fiberd/pkg/procrec"
 	"fiberd.io/fiberd/pkg/template"
 )
 
@@ -82,10 +82,6 @@ type Backend interface {
 	Close() error
 }
 
-// ErrCold is wrapped by Clone when the grant is not warm: never warmed,
-// stopped, or its zygote died. The agent answers it as a capacity miss.
-var ErrCold = errors.New("template is cold")
-
 // MaxPayload is the largest Clone payload, 4096 bytes, the API's limit.
 const MaxPayload = 4096
 
@@ -111,6 +107,13 @@ type WarmRequest struct {
 	// (zygote.log for Proc, fibers.log for Exec) that takes the
 	// template's stdout and stderr up to Config.LogMaxBytes. Required.
 	RunDir string
+	// Records, when set, is where the backend records the processes it
+	// starts for the grant that no cgroup holds: Proc's zygote, and each
+	// fiber (Proc or Exec) whose CloneRequest has no Leaf. Each record is
+	// made once the process exists and removed once it has been reaped,
+	// so a fiberd restarted after a crash ends what is left
+	// (procrec.Dir.Sweep). Nil (the default) records nothing.
+	Records *procrec.Dir
 }
 
 // CloneRequest asks a backend for one fiber.
@@ -153,8 +156,8 @@ type Exit struct {
 }
 
 // ExitReason says how a fiber or zygote ended. Exactly one of Signal,
-// TemplateDied, or a plain exit Code applies; Killed may accompany any of
-// them.
+// TemplateDied, or a plain exit Code applies; Killed and MemoryMax may
+// accompany any of them.
 type ExitReason struct {
 	// Code is the exit code when the process exited by itself.
 	Code int
@@ -165,11 +168,19 @@ type ExitReason struct {
 	TemplateDied bool
 	// Killed is set when the fiber was ended by Kill or Stop.
 	Killed bool
+	// MemoryMax is set when the kernel's OOM killer ended processes of the
+	// fiber's leaf at its memory.max (memory.events oom_kill, read before
+	// the leaf is removed): the fiber went over the memory its grant
+	// allows.
+	MemoryMax bool
 }
 
-// String reads "exit:0", "signal:SIGSEGV", "template died" or "killed".
+// String reads "exit:0", "signal:SIGSEGV", "template died", "killed" or
+// "memory.max".
 func (r ExitReason) String() string {
 	switch {
+	case r.MemoryMax:
+		return "memory.max"
 	case r.Killed:
 		return "killed"
 	case r.TemplateDied:

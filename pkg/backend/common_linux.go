@@ -59,9 +59,6 @@ func (c *common) shutdown(stops []func(context.Context) error) error {
 	return errors.Join(errs...)
 }
 
-// errClosed is returned by calls after Close.
-var errClosed = fmt.Errorf("backend closed: %w", ErrCold)
-
 // lookPath resolves a spec's command: an absolute path is used as is, a
 // bare name is searched in path (Config.Path). It fails when nothing
 // executable is found.

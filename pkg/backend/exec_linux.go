@@ -13,6 +13,7 @@ import (
 
 	"fiberd.io/fiberd/pkg/cgroup"
 	"fiberd.io/fiberd/pkg/core"
+	"fiberd.io/fiberd/pkg/procrec"
 	"fiberd.io/fiberd/pkg/template"
 )
 
@@ -57,7 +58,8 @@ type execGrant struct {
 	path string
 	env  []string
 	dir  string
-	out  *logPipe // fibers.log: every fiber's stdout and stderr
+	out  *logPipe     // fibers.log: every fiber's stdout and stderr
+	recs *procrec.Dir // where fibers without a leaf are recorded; may be nil
 
 	inflight sync.WaitGroup // Clones between their check and their registration
 
@@ -112,7 +114,7 @@ func (e *Exec) Warm(ctx context.Context, req WarmRequest) error {
 	}
 	g := &execGrant{
 		uid: uid, spec: req.Spec, path: path,
-		env: fiberdEnv(e.cfg.Path, req), dir: workdir(req.Spec, req.RunDir), out: lp,
+		env: fiberdEnv(e.cfg.Path, req), dir: workdir(req.Spec, req.RunDir), out: lp, recs: req.Records,
 		fibers: map[string]*fiber{}, starting: map[string]bool{},
 	}
 	e.wg.Add(1)
@@ -185,6 +187,15 @@ func (e *Exec) Clone(ctx context.Context, req CloneRequest) (Fiber, error) {
 		return Fiber{}, fmt.Errorf("fiber %s: start: %w", fs, err)
 	}
 	f := newFiber(req.Fence, cmd.Process.Pid, req.Leaf)
+	if req.Leaf == "" && g.recs != nil {
+		// Without a leaf nothing else finds what the fiber starts after a
+		// crash of fiberd: record its session (finish removes it).
+		if st, err := procrec.ReadStat(f.pid); err == nil {
+			if f.rec, err = g.recs.AddProcess(f.pid, st.Start); err != nil {
+				e.log.Error(err, "Fiber not recorded: a crash of fiberd would leave what it started", "fence", fs)
+			}
+		}
+	}
 	g.mu.Lock()
 	g.fibers[fs] = f
 	g.mu.Unlock()

@@ -10,6 +10,7 @@ import (
 
 	"fiberd.io/fiberd/pkg/cgroup"
 	"fiberd.io/fiberd/pkg/core"
+	"fiberd.io/fiberd/pkg/procrec"
 )
 
 // fiber is the backends' record of one running fiber.
@@ -21,6 +22,9 @@ type fiber struct {
 	// sets it (see reapOrphans), so it can reap a fiber its zygote left
 	// behind; whoever ends the fiber's record closes it.
 	pidfd int
+	// rec is the fiber's process record (see procrec), the zero Record
+	// when it has a leaf or none was made; finish removes it.
+	rec procrec.Record
 
 	killed atomic.Bool   // set by Kill or Stop before the kill is sent
 	silent atomic.Bool   // a fiber whose Clone was abandoned: no Exit
@@ -60,12 +64,18 @@ func (c *common) finish(f *fiber, r ExitReason) {
 	ctx, cancel := core.WithTimeout(context.Background(), c.cfg.Clock, c.cfg.KillTimeout)
 	defer cancel()
 	if f.leaf != "" {
+		if n, _, err := cgroup.At(f.leaf).OOMKills(); err == nil && n > 0 {
+			r.MemoryMax = true
+		}
 		if err := cgroup.At(f.leaf).Destroy(ctx); err != nil {
 			c.log.Error(err, "Fiber leaf not removed", "fence", f.fence.String(), "leaf", f.leaf)
 		}
 	} else {
 		// The pid was reaped, but the group lives on while a member does.
 		_ = syscall.Kill(-f.pid, syscall.SIGKILL)
+	}
+	if err := f.rec.Remove(); err != nil {
+		c.log.Error(err, "Fiber record not removed", "fence", f.fence.String())
 	}
 	if !f.silent.Load() {
 		c.exits.push(Exit{GrantUID: f.fence.GrantUID, Fence: f.fence, Reason: r})

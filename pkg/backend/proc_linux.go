@@ -19,6 +19,7 @@ import (
 
 	"fiberd.io/fiberd/pkg/cgroup"
 	"fiberd.io/fiberd/pkg/core"
+	"fiberd.io/fiberd/pkg/procrec"
 	"fiberd.io/fiberd/pkg/template"
 )
 
@@ -57,8 +58,10 @@ type zygote struct {
 	spec template.Spec
 	cmd  *exec.Cmd
 	conn *net.UnixConn
-	leaf string   // <Cgroup>/zygote, or ""
-	out  *logPipe // zygote.log, its stdout and stderr; set by start
+	leaf string         // <Cgroup>/zygote, or ""
+	out  *logPipe       // zygote.log, its stdout and stderr; set by start
+	recs *procrec.Dir   // where the zygote and its fibers without a leaf are recorded; may be nil
+	rec  procrec.Record // the zygote's own record; set by start, removed by wait
 
 	ready      chan struct{} // closed on READY
 	readerDone chan struct{} // closed when the reader has stopped
@@ -117,6 +120,7 @@ func (p *Proc) Warm(ctx context.Context, req WarmRequest) error {
 		z := p.zygotes[uid]
 		if z == nil {
 			z = p.newZygote(uid, req.Spec)
+			z.recs = req.Records
 			p.zygotes[uid] = z
 			p.mu.Unlock()
 			err := z.start(ctx, req)
@@ -263,6 +267,11 @@ func (z *zygote) start(ctx context.Context, req WarmRequest) (err error) {
 		return wrap(err)
 	}
 	launched = true
+	if st, err := procrec.ReadStat(z.cmd.Process.Pid); err == nil {
+		if z.rec, err = z.recs.AddProcess(z.cmd.Process.Pid, st.Start); err != nil {
+			p.log.Error(err, "Zygote not recorded: a crash of fiberd would leave what it started", "grant", z.uid)
+		}
+	}
 	z.mu.Lock()
 	z.proc = z.cmd.Process
 	stopped := z.stopping
@@ -368,7 +377,7 @@ func (z *zygote) handle(m message) {
 	case msgCloned:
 		// The pidfd lets wait reap the fiber should the zygote die first
 		// (see reapOrphans). z.proc was set before this reader started.
-		pidfd, perr := fiberPidfd(m.pid, z.proc.Pid)
+		pidfd, start, perr := fiberPidfd(m.pid, z.proc.Pid)
 		z.mu.Lock()
 		pc := z.pending[m.fence]
 		if pc == nil {
@@ -390,6 +399,17 @@ func (z *zygote) handle(m message) {
 		z.mu.Unlock()
 		if perr != nil {
 			p.log.V(1).Info("Fiber not tracked for reaping: it would stay a zombie of fiberd if its zygote died first", "fence", m.fence, "pid", m.pid, "err", perr.Error())
+		}
+		if pc.leaf == "" && start != 0 {
+			// Without a leaf nothing else finds what the fiber starts
+			// after a crash of fiberd: record its session. finish removes
+			// the record; it runs on this reader's EXITED, or after the
+			// reader stopped, so never before this.
+			rec, err := z.recs.AddProcess(m.pid, start)
+			if err != nil {
+				p.log.Error(err, "Fiber not recorded: a crash of fiberd would leave what it started", "fence", m.fence)
+			}
+			f.rec = rec
 		}
 		if pc.abandoned {
 			p.log.Info("Fiber arrived after its Clone gave up; killing it", "fence", m.fence, "pid", m.pid)
@@ -482,6 +502,9 @@ func (z *zygote) wait() {
 	cancel()
 
 	z.out.drain(context.Background(), p.cfg.Clock)
+	if err := z.rec.Remove(); err != nil {
+		p.log.Error(err, "Zygote record not removed", "grant", z.uid)
+	}
 
 	if !stopping {
 		p.log.Info("Zygote died; template is cold", "grant", z.uid, "reason", reason.String(), "fibers", len(fibers), "log", z.out.path)

@@ -1,14 +1,14 @@
 package backend
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"os"
-	"strconv"
 
 	"golang.org/x/sys/unix"
+
+	"fiberd.io/fiberd/pkg/procrec"
 )
 
 // Reaping the fibers of an ended zygote.
@@ -39,15 +39,16 @@ const reapPollMillis = 100
 // process, alive (or a zombie) both when the pidfd was opened and after
 // /proc was read, is the one /proc described. It returns -1 and why when
 // the fiber is already gone or is not what the zygote said; the proc
-// backend calls it on CLONED.
-func fiberPidfd(pid, zygote int) (int, error) {
+// backend calls it on CLONED. It also returns the fiber's start time (see
+// procrec), read in the same look at /proc, 0 when it failed.
+func fiberPidfd(pid, zygote int) (int, uint64, error) {
 	fd, err := unix.PidfdOpen(pid, 0) // always close-on-exec
 	if err != nil {
-		return -1, os.NewSyscallError("pidfd_open", err)
+		return -1, 0, os.NewSyscallError("pidfd_open", err)
 	}
-	ppid, err := parentOf(pid)
-	if err == nil && ppid != zygote && ppid != os.Getpid() {
-		err = fmt.Errorf("process %d is a child of %d, not of the zygote %d", pid, ppid, zygote)
+	st, err := procrec.ReadStat(pid)
+	if err == nil && st.PPid != zygote && st.PPid != os.Getpid() {
+		err = fmt.Errorf("process %d is a child of %d, not of the zygote %d", pid, st.PPid, zygote)
 	}
 	if err == nil {
 		// EPERM says it exists too (a zygote that changed user).
@@ -57,24 +58,9 @@ func fiberPidfd(pid, zygote int) (int, error) {
 	}
 	if err != nil {
 		_ = unix.Close(fd)
-		return -1, err
+		return -1, 0, err
 	}
-	return fd, nil
-}
-
-// parentOf reads a process's parent pid from /proc/<pid>/stat.
-func parentOf(pid int) (int, error) {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return 0, err
-	}
-	// "pid (comm) state ppid ...": comm may hold spaces and parentheses.
-	i := bytes.LastIndexByte(b, ')')
-	f := bytes.Fields(b[i+1:])
-	if i < 0 || len(f) < 2 {
-		return 0, fmt.Errorf("/proc/%d/stat: malformed", pid)
-	}
-	return strconv.Atoi(string(f[1]))
+	return fd, st.Start, nil
 }
 
 // closePidfd closes the fiber's pidfd, if any. Only the one path that ends

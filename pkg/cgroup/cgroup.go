@@ -290,6 +290,28 @@ func (l Leaf) Destroy(ctx context.Context) error {
 	return l.Remove()
 }
 
+// Enabled reports whether controller is enabled for the leaf's children:
+// listed in its cgroup.subtree_control. The agent asks a grant's Dir
+// whether its fibers' leaves have the memory controller. It fails when the
+// file cannot be read.
+func (l Leaf) Enabled(controller string) (bool, error) { return enabled(l.path, controller) }
+
+// SetMemoryLimit bounds the memory charged to the leaf: max to memory.max
+// (the kernel reclaims, then ends the leaf's processes with its OOM killer
+// at it), high to memory.high (throttled and reclaimed hard above it; high
+// must not exceed max), and memory.oom.group set to 1, so an OOM kill ends
+// the leaf's processes together. The memory controller must be enabled for
+// the leaf (its parent's cgroup.subtree_control). It fails naming the
+// first file that cannot be written; a missing memory.oom.group (kernels
+// before 4.19) is no error.
+func (l Leaf) SetMemoryLimit(max, high int64) error { return setMemoryLimit(l.path, max, high) }
+
+// OOMKills is the "oom_kill" count of the leaf's memory.events: how many of
+// its processes the kernel's OOM killer ended at its memory.max. ok is
+// false when the file is absent (no memory controller). The backends read
+// it when a fiber ends, to tell an end at the fiber's memory.max.
+func (l Leaf) OOMKills() (n int64, ok bool, err error) { return oomKills(l.path) }
+
 // Pressure is the leaf's pressure stall information: the "some avg10"
 // figure, the percentage of the last 10 seconds in which at least one of its
 // tasks was stalled on the resource.

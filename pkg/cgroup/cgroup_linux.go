@@ -426,3 +426,48 @@ func readPressure(dir, name string) (avg10 float64, ok bool, err error) {
 	}
 	return v, true, nil
 }
+
+func enabled(dir, controller string) (bool, error) {
+	b, err := os.ReadFile(filepath.Join(dir, "cgroup.subtree_control"))
+	if err != nil {
+		return false, fmt.Errorf("cgroup %s: %w", dir, err)
+	}
+	return slices.Contains(splitWords(b), controller), nil
+}
+
+func setMemoryLimit(dir string, max, high int64) error {
+	if max <= 0 || high <= 0 || high > max {
+		return fmt.Errorf("cgroup %s: memory limit high %d, max %d: want 0 < high <= max", dir, high, max)
+	}
+	for _, w := range []struct{ file, value string }{
+		{"memory.high", strconv.FormatInt(high, 10)},
+		{"memory.max", strconv.FormatInt(max, 10)},
+	} {
+		if err := writeFile(filepath.Join(dir, w.file), w.value); err != nil {
+			return fmt.Errorf("cgroup %s: %s: %w", dir, w.file, err)
+		}
+	}
+	if err := writeFile(filepath.Join(dir, "memory.oom.group"), "1"); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("cgroup %s: memory.oom.group: %w", dir, err)
+	}
+	return nil
+}
+
+func oomKills(dir string) (int64, bool, error) {
+	b, err := os.ReadFile(filepath.Join(dir, "memory.events"))
+	if errors.Is(err, fs.ErrNotExist) {
+		return 0, false, nil
+	}
+	if err != nil {
+		return 0, false, fmt.Errorf("cgroup %s: %w", dir, err)
+	}
+	v, found := eventValue(b, "oom_kill")
+	if !found {
+		return 0, true, nil
+	}
+	n, err := strconv.ParseInt(v, 10, 64)
+	if err != nil || n < 0 {
+		return 0, false, fmt.Errorf("cgroup %s: memory.events: oom_kill %q is not a count", dir, v)
+	}
+	return n, true, nil
+}

@@ -31,3 +31,6 @@ func waitEvent(context.Context, string, string, string) error { return errUnsupp
 func freeze(context.Context, string, bool) error              { return errUnsupported }
 func removeTree(string) error                                 { return errUnsupported }
 func readPressure(string, string) (float64, bool, error)      { return 0, false, errUnsupported }
+func enabled(string, string) (bool, error)                    { return false, errUnsupported }
+func setMemoryLimit(string, int64, int64) error               { return errUnsupported }
+func oomKills(string) (int64, bool, error)                    { return 0, false, errUnsupported }

@@ -27,6 +27,22 @@ var (
 	ErrTierGap = errors.New("tier gap")
 )
 
+// The ledger's refusals. Each is a capacity miss at the API edge.
+var (
+	// ErrNoCapacity is a Clone the ledger cannot serve: unknown, denied or
+	// lapsed grant, or one at fibers.max; also a grant whose device
+	// request the home's devices cannot meet (DeviceChannel.Fit).
+	ErrNoCapacity = errors.New("no capacity")
+	// ErrDenied is a grant its lane revoked, refused until the lane
+	// delivers it again.
+	ErrDenied = errors.New("grant revoked by its lane")
+	// ErrStaleCommit is what Commit returns when the grant entry a
+	// reservation was made on has been yielded or replaced, or the epoch
+	// moved, while the runtime was forking. The caller releases the fiber
+	// it made.
+	ErrStaleCommit = errors.New("grant entry or epoch changed during the clone")
+)
+
 // MissCode says what a caller should do after a capacity miss.
 type MissCode string
 
@@ -51,7 +67,15 @@ type Miss struct {
 	Issuer string
 	// Reason says what was missing, for people.
 	Reason string
+	// Cause, when set, is the error the miss was made of: Unwrap returns
+	// it, so errors.Is(m, ErrDenied) holds for the miss of a revoked grant
+	// and the cause's own chain stays whole. Nil for a miss made of a
+	// reason alone.
+	Cause error
 }
+
+// Unwrap returns the miss's Cause.
+func (m *Miss) Unwrap() error { return m.Cause }
 
 // Error reads "SHED: at fibers.max (issuer https://...)".
 func (m *Miss) Error() string {

@@ -41,3 +41,21 @@ func TestOutcomeClassesAreDistinct(t *testing.T) {
 		}
 	}
 }
+
+// TestMissKeepsItsCause: a miss made of an error unwraps to it, so its
+// class and its own chain stay reachable.
+func TestMissKeepsItsCause(t *testing.T) {
+	cause := fmt.Errorf("grant %q: %w", "g", ErrDenied)
+	m := CapacityMiss(true, cause.Error(), "https://iss", 0)
+	m.Cause = cause
+	err := fmt.Errorf("clone: %w", m)
+	if !errors.Is(err, ErrDenied) {
+		t.Fatalf("errors.Is(%v, ErrDenied) = false", err)
+	}
+	if got, ok := IsMiss(err); !ok || got.Cause != cause {
+		t.Fatalf("IsMiss(%v) = %+v, %v", err, got, ok)
+	}
+	if errors.Is(Deferred("at fibers.max", "https://iss"), ErrDenied) {
+		t.Fatal("a miss without a cause matched a class")
+	}
+}

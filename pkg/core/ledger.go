@@ -1,17 +1,12 @@
 package core
 
 import (
-	"errors"
+	"context"
 	"fmt"
 	"sort"
 	"sync"
 	"time"
 )
-
-// ErrStaleCommit is what Commit returns when the grant entry a reservation
-// was made on has been yielded or replaced, or the epoch moved, while the
-// runtime was forking. The caller releases the fiber it made.
-var ErrStaleCommit = errors.New("grant entry or epoch changed during the clone")
 
 // Fiber is one running fiber in the ledger.
 type Fiber struct {
@@ -63,7 +58,8 @@ type ledgerEntry struct {
 // The ledger does no I/O and never blocks on the runtime: callers reserve,
 // fork outside the lock, then commit or cancel. Session gates (LockSession)
 // serialise Clones of one session so only one creates it and the rest
-// attach. A Ledger is safe for concurrent use.
+// attach; a Clone waits for a gate only until its context ends. A Ledger is
+// safe for concurrent use.
 type Ledger struct {
 	mu     sync.Mutex
 	epoch  uint64
@@ -78,9 +74,11 @@ type Ledger struct {
 	gates  map[string]*gate
 }
 
+// gate is a session's gate: a token (a buffered channel of one) rather than
+// a mutex, so a Clone waiting for it gives up when its deadline passes.
 type gate struct {
-	mu   sync.Mutex
-	refs int
+	token chan struct{} // holds a value while the gate is taken
+	refs  int           // callers holding or waiting for it; guarded by gateMu
 }
 
 // NewLedger returns an empty ledger at epoch.
@@ -140,10 +138,6 @@ func (l *Ledger) Admit(g Grant) (added bool, err error) {
 	return true, nil
 }
 
-// ErrDenied is a grant its lane revoked, refused until the lane delivers it
-// again.
-var ErrDenied = errors.New("grant revoked by its lane")
-
 // Grant returns the admitted grant uid.
 func (l *Ledger) Grant(uid string) (Grant, bool) {
 	l.mu.Lock()
@@ -197,24 +191,23 @@ func (l *Ledger) Denied(uid string) bool {
 
 // LockSession takes the gate of (uid, session) and returns its unlock. Hold
 // it from Reserve to Commit or Cancel, so concurrent Clones of one session
-// resolve to one fiber: the first creates it, the rest attach. An empty
-// session has no gate and the unlock is a no-op.
-func (l *Ledger) LockSession(uid, session string) (unlock func()) {
+// resolve to one fiber: the first creates it, the rest attach. It waits for
+// the gate until ctx ends, and then fails with ctx's error (and holds
+// nothing). An empty session has no gate and the unlock is a no-op.
+func (l *Ledger) LockSession(ctx context.Context, uid, session string) (unlock func(), err error) {
 	if session == "" {
-		return func() {}
+		return func() {}, nil
 	}
 	key := uid + "\x00" + session
 	l.gateMu.Lock()
 	g := l.gates[key]
 	if g == nil {
-		g = &gate{}
+		g = &gate{token: make(chan struct{}, 1)}
 		l.gates[key] = g
 	}
 	g.refs++
 	l.gateMu.Unlock()
-	g.mu.Lock()
-	return func() {
-		g.mu.Unlock()
+	drop := func() {
 		l.gateMu.Lock()
 		g.refs--
 		if g.refs == 0 {
@@ -222,6 +215,20 @@ func (l *Ledger) LockSession(uid, session string) (unlock func()) {
 		}
 		l.gateMu.Unlock()
 	}
+	select {
+	case g.token <- struct{}{}: // free: taken whatever ctx says
+	default:
+		select {
+		case g.token <- struct{}{}:
+		case <-ctx.Done():
+			drop()
+			return nil, ctx.Err()
+		}
+	}
+	return func() {
+		<-g.token
+		drop()
+	}, nil
 }
 
 // Reserve resolves a Clone of grant uid at now. A running session returns
@@ -255,10 +262,6 @@ func (l *Ledger) Reserve(uid, session string, now time.Time) (res *Reservation, 
 	e.seq++
 	return &Reservation{Fence: Fence{GrantUID: uid, Epoch: l.epoch, Seq: e.seq}, Session: session, entry: e}, nil, nil
 }
-
-// ErrNoCapacity is a Clone the ledger cannot serve: unknown, denied or
-// lapsed grant, or one at fibers.max.
-var ErrNoCapacity = errors.New("no capacity")
 
 // Commit records the fiber made for res. It fails with ErrStaleCommit when
 // the grant entry was yielded or replaced or the epoch moved since Reserve;

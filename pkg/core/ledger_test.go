@@ -1,6 +1,7 @@
 package core
 
 import (
+	"context"
 	"errors"
 	"sync"
 	"sync/atomic"
@@ -59,7 +60,11 @@ func TestLedgerSessionAttachUnderConcurrency(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			unlock := l.LockSession("g", "s1")
+			unlock, err := l.LockSession(context.Background(), "g", "s1")
+			if err != nil {
+				t.Error(err)
+				return
+			}
 			defer unlock()
 			res, att, err := l.Reserve("g", "s1", t0)
 			if err != nil {
@@ -92,6 +97,31 @@ func TestLedgerSessionAttachUnderConcurrency(t *testing.T) {
 			t.Fatalf("attach returned fence %s, want the session's %s", f, first)
 		}
 	}
+	if len(l.gates) != 0 {
+		t.Fatalf("%d session gates left behind", len(l.gates))
+	}
+}
+
+// TestLedgerSessionGateHonoursDeadline: a Clone waiting for a session's
+// gate, held by the Clone creating the session's fiber, gives up when its
+// context ends, and the gate still works afterwards.
+func TestLedgerSessionGateHonoursDeadline(t *testing.T) {
+	l := NewLedger(1)
+	unlock, err := l.LockSession(context.Background(), "g", "s1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := l.LockSession(ctx, "g", "s1"); !errors.Is(err, context.Canceled) {
+		t.Fatalf("LockSession on a held gate with an ended context: %v, want context.Canceled", err)
+	}
+	unlock()
+	unlock2, err := l.LockSession(ctx, "g", "s1") // free now: taken without waiting
+	if err != nil {
+		t.Fatal(err)
+	}
+	unlock2()
 	if len(l.gates) != 0 {
 		t.Fatalf("%d session gates left behind", len(l.gates))
 	}

@@ -1,5 +1,7 @@
 package core
 
+import "fmt"
+
 // ScopeClaim is one fact of where a home runs, such as the namespace, the
 // Pod, its UID, the service account, the node or a resource claim. Homes
 // report them in Scope; the agent shows them in its status.
@@ -29,4 +31,34 @@ type DeviceChannel struct {
 	Devices []string `json:"devices,omitempty"`
 	// Claims are the names of the ResourceClaims the devices come from.
 	Claims []string `json:"claims,omitempty"`
+}
+
+// Fit is the device channel a grant's template gets for the grant's
+// device request req, out of channel c that the home offers. A grant that
+// requests nothing (Count 0) gets c whole. Otherwise a static channel must
+// hold at least Count devices, and the template gets the first Count of
+// them, no more; a DRA channel is handed as it is, since its claims were
+// allocated for the Pod the grant runs in (the scheduler counted them),
+// but it must name a claim or hold Count devices. Class is not checked:
+// a static channel's devices carry no class. It fails with an error
+// wrapping ErrNoCapacity when c cannot serve req: the agent refuses to
+// warm the grant (a capacity miss) and tries again later, as a home's
+// devices may still come.
+func (c DeviceChannel) Fit(req DeviceRequest) (DeviceChannel, error) {
+	if req.Count <= 0 {
+		return c, nil
+	}
+	if c.Kind == DeviceKindDRA && len(c.Claims) > 0 {
+		return c, nil
+	}
+	if len(c.Devices) < req.Count {
+		what := "no devices"
+		if n := len(c.Devices); n > 0 {
+			what = fmt.Sprintf("%d device(s)", n)
+		}
+		return DeviceChannel{}, fmt.Errorf("the grant requests %d device(s) of class %q, this home offers %s: %w", req.Count, req.Class, what, ErrNoCapacity)
+	}
+	out := c
+	out.Devices = append([]string(nil), c.Devices[:req.Count]...)
+	return out, nil
 }

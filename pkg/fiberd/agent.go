@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -24,6 +25,7 @@ import (
 	"fiberd.io/fiberd/pkg/endpoint"
 	"fiberd.io/fiberd/pkg/grant"
 	"fiberd.io/fiberd/pkg/home"
+	"fiberd.io/fiberd/pkg/procrec"
 	"fiberd.io/fiberd/pkg/template"
 )
 
@@ -50,7 +52,10 @@ type Agent struct {
 	// readPressure reads a grant's pressure for pressureShed:
 	// cgroupPressure, replaced by tests before Run.
 	readPressure pressureReader
-	noPSI        sync.Once // "memory.pressure is absent" is logged once
+	// measure sums the private dirty memory of a fiber's processes for
+	// the W budget: privateDirty, replaced by tests before Run.
+	measure func(pids []int) (int64, error)
+	noPSI   sync.Once // "memory.pressure is absent" is logged once
 
 	apiTCP   net.Listener // nil when Listen is empty
 	apiUnix  net.Listener // nil when Socket is "-"
@@ -58,41 +63,53 @@ type Agent struct {
 	tcpAuth  bool // callers on apiTCP present verified client certificates
 	stopping chan struct{}
 
-	// admitMu serialises admissions, warms and yields (lane, Clone,
-	// reaper, drain), so one grant is warmed once and never after its
-	// yield.
-	admitMu sync.Mutex
+	// deny is the revocations, persisted in StateDir/private/denied.json;
+	// the ledger holds the same set.
+	deny *denyList
+	// recs records the processes the backends start outside cgroups and
+	// the grants' cgroups, in StateDir/private/procs: what a crash leaves
+	// is ended by the next New.
+	recs *procrec.Dir
+	// queue runs the grants' reconciles; set by Run before anything can
+	// add to it.
+	queue *workQueue
+
+	// Locks, in the order they may be taken (a lock is never taken while
+	// one after it is held):
+	//
+	//	epochMu -> mu -> slot.mu -> (the ledger's, the deny list's and the
+	//	backends' own locks, each taken and released inside one call)
+	//
+	// No lock of the agent is held across I/O, a process start, or a call
+	// into the home, a backend or the verifier, with two exceptions that
+	// guard nothing anyone else reads: epochMu, held across the epoch
+	// file's write so the file and the ledger move in step, and
+	// denyList.writeMu, held across the revocations file's write.
+
 	// epochMu keeps epoch bumps and the ledger's epoch in step.
 	epochMu sync.Mutex
 
 	mu      sync.Mutex
-	grants  map[string]*grantRT // runtime state of admitted grants
-	gaps    map[string]error    // delivered grants refused for a tier gap
-	changed chan struct{}       // closed and replaced on every status change
-	closed  bool
-	ran     bool
-}
-
-// grantRT is the runtime side of an admitted grant.
-type grantRT struct {
-	grant   core.Grant
-	spec    template.Spec
-	backend backend.Backend
-	cg      *cgroup.Grant // nil without a cgroup root
-	release func()        // the device channel's release; nil until acquired
-	devices core.DeviceChannel
-	warm    bool
-	warmErr error
-	// pressure is the cached reading of cg's pressure (see pressureShed).
-	pressure pressureCache
+	slots   map[string]*slot // every grant UID the agent has state of; guarded by mu
+	changed chan struct{}    // closed and replaced on every status change; guarded by mu
+	closed  bool             // guarded by mu
+	ran     bool             // guarded by mu
 }
 
 // fiberHandle is the agent's part of a running fiber, kept in the ledger's
-// Fiber.Handle: what to free when the fiber ends.
+// Fiber.Handle: what to free when the fiber ends, and what its W budget
+// needs.
 type fiberHandle struct {
 	backend backend.Backend
 	port    int    // TCP port held in the allocator, 0 for unix
 	sock    string // unix socket path, "" for TCP
+	pid     int    // the fiber's process, as the backend reported it
+	leaf    string // its leaf cgroup, "" for none
+	// measured is set when the grant has a W budget that the fiber's leaf
+	// does not enforce: the budget loop measures it.
+	measured bool
+	// over is the reason the budget loop ended the fiber, nil until then.
+	over atomic.Pointer[string]
 }
 
 // New validates cfg and prepares the agent in the order of ARCHITECTURE
@@ -102,11 +119,13 @@ type fiberHandle struct {
 // socket, bound but not served: Run serves them. It asks an EndpointHoster
 // home for its endpoint host here, once. ctx bounds New's own work.
 //
-// On failure everything New acquired is released, and cfg.Home and the
-// backends are closed, since the agent owns them from New on.
+// When Validate refuses cfg, New returns its error and touches nothing:
+// cfg.Home and the backends are still the caller's. On a later failure
+// everything New acquired is released, and cfg.Home and the backends are
+// closed, since the agent owns them from there on (closing them again is
+// harmless: their Close is idempotent).
 func New(ctx context.Context, cfg Config) (a *Agent, err error) {
 	if err := cfg.Validate(); err != nil {
-		closeOwned(cfg)
 		return nil, err
 	}
 	cfg = cfg.withDefaults()
@@ -119,9 +138,9 @@ func New(ctx context.Context, cfg Config) (a *Agent, err error) {
 		templates:    template.Dir(cfg.Templates),
 		limiter:      rate.NewLimiter(rate.Limit(cfg.ThrashRate), cfg.ThrashBurst),
 		readPressure: cgroupPressure,
+		measure:      privateDirty,
 		stopping:     make(chan struct{}),
-		grants:       make(map[string]*grantRT),
-		gaps:         make(map[string]error),
+		slots:        make(map[string]*slot),
 		changed:      make(chan struct{}),
 	}
 	a = agent
@@ -142,6 +161,10 @@ func New(ctx context.Context, cfg Config) (a *Agent, err error) {
 	if err := os.Chmod(private, 0o700); err != nil {
 		return nil, fmt.Errorf("fiberd: state directory %s: %w", private, err)
 	}
+	if a.recs, err = procrec.Open(filepath.Join(private, "procs")); err != nil {
+		return nil, fmt.Errorf("fiberd: %w", err)
+	}
+	a.sweep(ctx)
 
 	a.verifier, err = grant.NewVerifier(grant.VerifierConfig{
 		Issuer: cfg.Issuer, Audience: cfg.NodeID, Keys: cfg.Keys, MaxLease: cfg.MaxLease, Clock: cfg.Clock,
@@ -174,6 +197,13 @@ func New(ctx context.Context, cfg Config) (a *Agent, err error) {
 		return nil, fmt.Errorf("fiberd: %w", err)
 	}
 	a.ledger = core.NewLedger(a.epoch.Current())
+	a.deny, err = openDenyList(filepath.Join(private, "denied.json"), cfg.Clock.Now())
+	if err != nil {
+		return nil, fmt.Errorf("fiberd: %w", err)
+	}
+	for uid := range a.deny.all() {
+		a.ledger.Deny(uid)
+	}
 	a.metrics, err = newMetrics(cfg.Registry, a)
 	if err != nil {
 		return nil, fmt.Errorf("fiberd: metrics: %w", err)
@@ -187,6 +217,22 @@ func New(ctx context.Context, cfg Config) (a *Agent, err error) {
 	}
 	a.log.Info("Agent ready to run", "home", cfg.Home.Name(), "epoch", a.ledger.Epoch(), "listen", cfg.Listen, "socket", cfg.Socket)
 	return a, nil
+}
+
+// sweep ends what a previous run on this state directory left running when
+// it crashed: the processes and cgroups its records name (procrec). It is
+// bounded by drainTimeout; what it cannot end is logged, and its records
+// are kept for the next start.
+func (a *Agent) sweep(ctx context.Context) {
+	ctx, cancel := core.WithTimeout(ctx, a.cfg.Clock, drainTimeout)
+	defer cancel()
+	sw, err := a.recs.Sweep(ctx)
+	if err != nil {
+		a.log.Error(err, "Ending what the previous run left behind; some of it may still run", "records", a.recs.Path())
+	}
+	if sw.Records > 0 {
+		a.log.Info("Ended what the previous run left behind", "processes", sw.Processes, "cgroups", sw.Cgroups, "records", sw.Records)
+	}
 }
 
 // closeOwned closes what the agent owns when New fails.
@@ -309,7 +355,9 @@ func (a *Agent) Close() {
 
 // Run serves until ctx ends, then drains: it stops accepting, releases every
 // fiber, stops every zygote, closes the backends and the home, and returns
-// nil once every goroutine it started has ended. It starts, in order, the
+// nil once every goroutine it started has ended. When one of its servers
+// fails (its listener broke), it drains the same way and returns that
+// error. It starts, in order, the
 // home, the lane, the reaper and the exit loops, then serves the admin
 // socket and the API. It returns an error without serving when the home's
 // lane cannot be opened, or when called twice or after Close.
@@ -317,7 +365,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	a.mu.Lock()
 	if a.ran || a.closed {
 		a.mu.Unlock()
-		return errors.New("fiberd: Run called twice or after Close")
+		return errRunTwice
 	}
 	a.ran = true
 	a.mu.Unlock()
@@ -332,17 +380,34 @@ func (a *Agent) Run(ctx context.Context) error {
 		return fmt.Errorf("fiberd: home %s lane: %w", a.home.Name(), err)
 	}
 
+	a.queue = newWorkQueue(ctx, a.cfg.Clock, a.reconcile)
+	for uid := range a.deny.all() {
+		// Each revocation's reconcile schedules its expiry.
+		a.event(uid, func(*slot) {})
+	}
 	var loops, exits, servers sync.WaitGroup
 	loops.Go(func() { a.home.Run(ctx) })
 	if lane != nil {
 		loops.Go(func() { a.laneLoop(ctx, lane) })
 	}
-	loops.Go(func() { a.reaper(ctx) })
+	loops.Go(func() { a.resync(ctx) })
+	loops.Go(func() { a.budgetLoop(ctx) })
 	for _, b := range a.backends() {
 		exits.Go(func() { a.exitLoop(b) })
 	}
 
-	var srvs []*http.Server
+	// A server that fails ends Run, which drains and returns its error.
+	var (
+		srvs     []*http.Server
+		failOnce sync.Once
+		runErr   error // written by fail, read after servers.Wait
+	)
+	fail := func(err error) {
+		failOnce.Do(func() {
+			runErr = err
+			cancel()
+		})
+	}
 	serve := func(ln net.Listener, h http.Handler, authenticated bool) {
 		srv := &http.Server{
 			Handler:           h,
@@ -355,7 +420,8 @@ func (a *Agent) Run(ctx context.Context) error {
 		srvs = append(srvs, srv)
 		servers.Go(func() {
 			if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-				a.log.Error(err, "API server stopped", "addr", ln.Addr().String())
+				a.log.Error(err, "API server failed; fiberd stops", "addr", ln.Addr().String())
+				fail(fmt.Errorf("fiberd: serving %s: %w", ln.Addr(), err))
 			}
 		})
 	}
@@ -382,17 +448,21 @@ func (a *Agent) Run(ctx context.Context) error {
 	servers.Wait()
 	loops.Wait()
 
-	dctx, dcancel := core.WithTimeout(context.Background(), a.cfg.Clock, drainTimeout)
+	// No reconcile runs past this point: the drain owns every slot.
+	a.queue.stop()
 	a.mu.Lock()
-	uids := make([]string, 0, len(a.grants))
-	for uid := range a.grants {
-		uids = append(uids, uid)
+	slots := make([]*slot, 0, len(a.slots))
+	for _, s := range a.slots {
+		slots = append(slots, s)
 	}
 	a.mu.Unlock()
-	for _, uid := range uids {
-		a.yield(dctx, uid, "agent stopping")
+	var yields sync.WaitGroup
+	for _, s := range slots {
+		if s.view().admitted {
+			yields.Go(func() { a.yield(context.Background(), s, "agent stopping") })
+		}
 	}
-	dcancel()
+	yields.Wait()
 	for _, b := range a.backends() {
 		if err := b.Close(); err != nil {
 			a.log.Error(err, "Closing a backend", "tier", b.Tier())
@@ -400,6 +470,10 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	exits.Wait()
 	a.home.Close()
+	if runErr != nil {
+		a.log.Info("Agent stopped after a failure", "err", runErr.Error())
+		return runErr
+	}
 	a.log.Info("Agent stopped")
 	return nil
 }
@@ -442,26 +516,6 @@ func (a *Agent) changes() <-chan struct{} {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	return a.changed
-}
-
-// lookup reads admitted grant uid's runtime state under mu: rt (nil when
-// uid is not admitted), its cgroup (nil without a cgroup root or before
-// warm carved it) and whether warm succeeded since the zygote last died.
-// rt.backend never changes, so callers use it without mu.
-func (a *Agent) lookup(uid string) (rt *grantRT, cg *cgroup.Grant, warm bool) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	rt = a.grants[uid]
-	if rt == nil {
-		return nil, nil, false
-	}
-	return rt, rt.cg, rt.warm
-}
-
-// isWarm reports whether admitted grant uid's template is warm.
-func (a *Agent) isWarm(uid string) bool {
-	rt, _, warm := a.lookup(uid)
-	return warm && rt.backend.Warmed(uid)
 }
 
 // logWriter routes the HTTP servers' own error lines (failed TLS

@@ -26,8 +26,10 @@ import (
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"fiberd.io/fiberd/pkg/api"
+	"fiberd.io/fiberd/pkg/backend"
 	"fiberd.io/fiberd/pkg/backend/fake"
 	"fiberd.io/fiberd/pkg/core"
+	"fiberd.io/fiberd/pkg/template"
 )
 
 // TestStrictJSON: unknown members at any depth, names in the wrong case,
@@ -200,6 +202,11 @@ func TestConfigValidate(t *testing.T) {
 		{"tls full", func(c *Config) { c.Listen = "0.0.0.0:8484"; c.TLSCert, c.TLSKey, c.ClientCA = "/c", "/k", "/ca" }, ""},
 		{"bad listen", func(c *Config) { c.Listen = "8484"; c.InsecurePlaintext = true }, "Listen"},
 		{"negative rate", func(c *Config) { c.ThrashRate = -1 }, "ThrashRate"},
+		{"infinite rate", func(c *Config) { c.ThrashRate = math.Inf(1) }, "ThrashRate"},
+		{"relative templates", func(c *Config) { c.Templates = "t" }, "Templates"},
+		{"listen port out of range", func(c *Config) { c.Listen = "127.0.0.1:70000"; c.InsecurePlaintext = true }, "Listen"},
+		{"negative deny", func(c *Config) { c.DenyFor = -time.Second }, "DenyFor"},
+		{"negative budget interval", func(c *Config) { c.BudgetInterval = -time.Second }, "BudgetInterval"},
 		{"pressure threshold", func(c *Config) { c.PressureThreshold = DefaultPressureThreshold }, ""},
 		{"negative pressure threshold", func(c *Config) { c.PressureThreshold = -1 }, "PressureThreshold"},
 		{"pressure threshold over 100", func(c *Config) { c.PressureThreshold = 100.5 }, "PressureThreshold"},
@@ -223,24 +230,35 @@ func TestConfigValidate(t *testing.T) {
 			}
 		})
 	}
+	// ValidateSettings is Validate without the parts a caller builds.
+	c := base()
+	c.Home, c.Keys, c.Basic = nil, nil, nil
+	if err := c.ValidateSettings(); err != nil {
+		t.Errorf("ValidateSettings without the parts: %v", err)
+	}
+	c.Issuer = ""
+	if err := c.ValidateSettings(); err == nil || !strings.Contains(err.Error(), "Issuer") {
+		t.Errorf("ValidateSettings without an issuer: %v", err)
+	}
 }
 
-// TestNewRefusesAndCloses: a refused Config closes the home and backends
-// the agent was handed.
-func TestNewRefusesAndCloses(t *testing.T) {
+// TestNewRefusesAndLeavesParts: a Config Validate refuses leaves the home
+// and backends the caller built untouched: they are still the caller's.
+func TestNewRefusesAndLeavesParts(t *testing.T) {
 	h := newFakeHome(clocktesting.NewFakeClock(testStart))
 	b := fake.New(core.TierBasic, fake.Hooks{})
 	_, err := New(context.Background(), Config{Home: h, Issuer: testIssuer, NodeID: testNode, Keys: &switchKeys{},
 		Templates: "/t", Basic: b, StateDir: t.TempDir(), Listen: "127.0.0.1:0"})
-	if err == nil || !strings.Contains(err.Error(), "TLS") {
+	if err == nil || !strings.Contains(err.Error(), "TLS") || !errors.Is(err, core.ErrInvalid) {
 		t.Fatalf("New with plaintext TCP and no -insecure-plaintext: %v", err)
 	}
-	if h.closed != 1 {
-		t.Errorf("home closed %d times, want 1", h.closed)
+	if h.closed != 0 {
+		t.Errorf("home closed %d times by a refused New, want 0", h.closed)
 	}
-	if _, ok := <-b.Exits(); ok {
-		t.Errorf("backend not closed")
+	if err := b.Warm(context.Background(), backend.WarmRequest{Grant: core.Grant{UID: "g"}, Spec: template.Spec{Command: "/bin/true"}, RunDir: t.TempDir()}); err != nil {
+		t.Errorf("backend unusable after a refused New: %v", err)
 	}
+	b.Close()
 }
 
 // TestNewFailsCleanlyWhenTheAddressIsTaken: a failure after New has begun
@@ -428,4 +446,31 @@ func adminDo(t *testing.T, c *http.Client, method, path, body string) reply {
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
 	return reply{status: resp.StatusCode, header: resp.Header, body: b}
+}
+
+// TestServeFailureEndsRun: when the API's listener breaks, Run drains and
+// returns the server's error, naming the address.
+func TestServeFailureEndsRun(t *testing.T) {
+	e := newEnv(t)
+	uid := e.deliver(e.mint("g1"))
+	if r := e.cloneReq(e.unix, api.CloneRequest{GrantUID: uid}); r.status != 200 {
+		t.Fatalf("clone: %d %s", r.status, r.body)
+	}
+	sock := e.agent.SocketPath()
+	must(t, e.agent.apiUnix.Close()) // the socket breaks under the server
+	select {
+	case err := <-e.runErr:
+		if err == nil || !strings.Contains(err.Error(), sock) {
+			t.Fatalf("Run returned %v, want the server's error naming %s", err, sock)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("Run did not return after its server failed")
+	}
+	e.runErr <- nil // for e.stop
+	if n := len(e.warm.Running("")); n != 0 {
+		t.Errorf("%d fibers run after Run returned", n)
+	}
+	if e.home.closed != 1 {
+		t.Errorf("home closed %d times, want 1", e.home.closed)
+	}
 }

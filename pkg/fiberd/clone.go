@@ -1,7 +1,6 @@
 package fiberd
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -9,7 +8,6 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
-	"strings"
 	"time"
 
 	"fiberd.io/fiberd/pkg/api"
@@ -21,15 +19,18 @@ import (
 )
 
 // clone serves one Clone (ARCHITECTURE 4.3): resolve and verify the grant
-// (admitting it when new), the thrash budget, the grant cgroup's memory
-// pressure (pressureShed), then under the session's gate attach to a
-// running session or reserve a slot, bind the fiber's listener, carve its
-// leaf, fork it under the deadline and commit. authed says whether the
-// caller is authenticated, which self-admission needs.
+// (offering it to its slot and waiting, within the deadline, for its
+// reconcile when it is new), the thrash budget, the grant cgroup's memory
+// pressure (pressureShed), the template's warmth, then under the session's
+// gate attach to a running session or reserve a slot, bind the fiber's
+// listener, carve its leaf, fork it under the deadline and commit. authed
+// says whether the caller is authenticated, which self-admission needs. A
+// Clone refused before the fork mints no fence.
 //
 // Errors: core.ErrInvalid (400), core.ErrUnauthenticated (401),
 // core.ErrTierGap (412), a *core.Miss (429 SHED / 503 DEFERRED_FALLBACK),
-// anything else a runtime fault (500).
+// anything else a runtime fault (500). The deadline passing is a miss,
+// whatever the Clone was waiting for.
 func (a *Agent) clone(ctx context.Context, req api.CloneRequest, authed bool) (api.CloneResponse, string, error) {
 	if req.Grant == "" && req.GrantUID == "" {
 		return api.CloneResponse{}, "", fmt.Errorf("clone names no grant: set grant (a token) or grantUID: %w", core.ErrInvalid)
@@ -50,13 +51,9 @@ func (a *Agent) clone(ctx context.Context, req api.CloneRequest, authed bool) (a
 	token := []byte(req.Grant)
 	named := req.GrantUID
 	if named == "" {
-		uid, err := grant.PeekUID(token)
-		if err != nil {
-			// PeekUID's error already names the token and its class
-			// (invalid); a token that is not one fails authentication.
-			return api.CloneResponse{}, "", fmt.Errorf("%s: %w", strings.TrimSuffix(err.Error(), ": "+core.ErrInvalid.Error()), core.ErrUnauthenticated)
-		}
-		named = uid
+		// A token PeekUID cannot read names nobody; Verify then refuses
+		// it as unauthenticated, in its own words.
+		named, _ = grant.PeekUID(token)
 	}
 	// Self-admission: an authenticated caller naming the home's own UID
 	// gets the home's own grant, whatever token it presented.
@@ -74,7 +71,9 @@ func (a *Agent) clone(ctx context.Context, req api.CloneRequest, authed bool) (a
 			// Keys that are missing or stale are the issuer's outage, not a
 			// bad token and not a lack of capacity: always back off
 			// (ARCHITECTURE 4.1).
-			return api.CloneResponse{}, "", core.Shed(err.Error(), a.cfg.Issuer, a.cfg.RetryAfter)
+			m := core.Shed(err.Error(), a.cfg.Issuer, a.cfg.RetryAfter)
+			m.Cause = err
+			return api.CloneResponse{}, "", m
 		case err != nil:
 			return api.CloneResponse{}, "", err
 		}
@@ -82,7 +81,7 @@ func (a *Agent) clone(ctx context.Context, req api.CloneRequest, authed bool) (a
 			return api.CloneResponse{}, "", fmt.Errorf("grantUID %q does not match the token's grant %q: %w", req.GrantUID, g.UID, core.ErrInvalid)
 		}
 		uid = g.UID
-		if err := a.ensureAdmitted(ctx, g); err != nil {
+		if err := a.offer(ctx, g); err != nil {
 			return api.CloneResponse{}, "", err
 		}
 	}
@@ -92,23 +91,42 @@ func (a *Agent) clone(ctx context.Context, req api.CloneRequest, authed bool) (a
 	if !a.limiter.AllowN(a.cfg.Clock.Now(), 1) {
 		return api.CloneResponse{}, "", core.Shed("thrash budget exhausted: too many Clones per second on this home", a.cfg.Issuer, a.cfg.RetryAfter)
 	}
-	if err := a.gapOf(uid); err != nil {
-		return api.CloneResponse{}, "", err
+	var v slotView
+	s := a.slotOf(uid)
+	if s != nil {
+		v = s.view()
 	}
-	if m := a.pressureShed(uid); m != nil {
+	if v.gap != nil {
+		return api.CloneResponse{}, "", v.gap
+	}
+	if m := a.pressureShed(ctx, s, v); m != nil {
 		return api.CloneResponse{}, "", m
 	}
+	if v.admitted && !(v.warm && v.backend.Warmed(uid)) {
+		// Refused before Reserve: a cold template costs no fence.
+		cause := fmt.Errorf("grant %q: template not warm", uid)
+		if v.err != nil {
+			cause = fmt.Errorf("grant %q: template not warm: %w", uid, v.err)
+		}
+		return api.CloneResponse{}, "", a.miss(cause)
+	}
 
-	unlock := a.ledger.LockSession(uid, req.Session)
+	unlock, err := a.ledger.LockSession(ctx, uid, req.Session)
+	if err != nil {
+		return api.CloneResponse{}, "", a.miss(fmt.Errorf("grant %q session %q: another Clone is creating its fiber: %w", uid, req.Session, err))
+	}
 	defer unlock()
 	res, attach, err := a.ledger.Reserve(uid, req.Session, a.cfg.Clock.Now())
 	if err != nil {
-		return api.CloneResponse{}, "", a.miss(err.Error())
+		if !v.admitted && v.err != nil {
+			err = fmt.Errorf("%w (%w)", err, v.err)
+		}
+		return api.CloneResponse{}, "", a.miss(err)
 	}
 	if attach != nil {
 		return api.CloneResponse{FiberID: attach.Fence.String(), Endpoint: attach.Endpoint, Fence: attach.Fence, Kind: api.KindAttach}, api.KindAttach, nil
 	}
-	resp, err := a.create(ctx, res, req.Payload)
+	resp, err := a.create(ctx, res, v, req.Payload)
 	if err != nil {
 		a.ledger.Cancel(res)
 		return api.CloneResponse{}, api.KindCreate, err
@@ -116,54 +134,37 @@ func (a *Agent) clone(ctx context.Context, req api.CloneRequest, authed bool) (a
 	return resp, api.KindCreate, nil
 }
 
-// ensureAdmitted admits verified grant g unless the ledger already holds
-// this very token, or a token of the same grant issued later: a repeated
-// Clone by token costs no admission, and a caller still presenting the
-// token a renewal superseded is served under the renewed grant instead of
-// rolling its lease (or its template) back.
-func (a *Agent) ensureAdmitted(ctx context.Context, g core.Grant) error {
-	if have, ok := a.ledger.Grant(g.UID); ok && (bytes.Equal(have.Token, g.Token) || g.IssuedAt.Before(have.IssuedAt)) {
-		return nil
-	}
-	err := a.admit(ctx, g)
-	switch {
-	case err == nil:
-		return nil
-	case errors.Is(err, core.ErrNoCapacity), errors.Is(err, core.ErrDenied):
-		return a.miss(err.Error())
-	case errors.Is(err, core.ErrTierGap):
-		return err
-	case errors.Is(err, core.ErrInvalid):
-		// The node does not hold the grant's template: not this home's
-		// capacity, not a bad request.
-		return a.miss(err.Error())
-	}
-	return err
+// miss is a capacity miss made of cause, by lane health: DEFERRED_FALLBACK
+// while the control plane is healthy, SHED while stale. The miss unwraps
+// to cause.
+func (a *Agent) miss(cause error) *core.Miss {
+	m := core.CapacityMiss(a.home.Health().Healthy(), cause.Error(), a.cfg.Issuer, a.cfg.RetryAfter)
+	m.Cause = cause
+	return m
 }
 
-// miss is a capacity miss by lane health: DEFERRED_FALLBACK while the
-// control plane is healthy, SHED while stale.
-func (a *Agent) miss(reason string) *core.Miss {
-	return core.CapacityMiss(a.home.Health().Healthy(), reason, a.cfg.Issuer, a.cfg.RetryAfter)
-}
-
-// create makes the fiber of reservation res: checks the template is warm,
-// binds the listener, carves the leaf, forks and commits. On an error the
-// caller cancels res; create has already undone its own work.
-func (a *Agent) create(ctx context.Context, res *core.Reservation, payload []byte) (api.CloneResponse, error) {
+// create makes the fiber of reservation res on the grant's slot as v shows
+// it: binds the listener, carves the leaf, forks and commits. On an error
+// the caller cancels res; create has already undone its own work. The
+// deadline passing while it forks is a miss.
+func (a *Agent) create(ctx context.Context, res *core.Reservation, v slotView, payload []byte) (api.CloneResponse, error) {
 	fence := res.Fence
 	uid := fence.GrantUID
-	rt, cg, warm := a.lookup(uid)
-	if !warm || !rt.backend.Warmed(uid) {
-		return api.CloneResponse{}, a.miss(fmt.Sprintf("grant %q: template not warm", uid))
+	if !v.admitted || v.backend == nil {
+		// Admitted in the ledger after the slot was read: the reconcile
+		// is still warming it.
+		return api.CloneResponse{}, a.miss(fmt.Errorf("grant %q: template not warm", uid))
 	}
+	b := v.backend
 
-	h := &fiberHandle{backend: rt.backend}
+	h := &fiberHandle{backend: b}
 	lf, url, err := a.listen(fence, h)
 	if err != nil {
 		a.freeFiber(core.Fiber{Handle: h})
 		if errors.Is(err, endpoint.ErrExhausted) {
-			return api.CloneResponse{}, core.Shed(fmt.Sprintf("fiber %s: %v", fence, err), a.cfg.Issuer, a.cfg.RetryAfter)
+			m := core.Shed(fmt.Sprintf("fiber %s: %v", fence, err), a.cfg.Issuer, a.cfg.RetryAfter)
+			m.Cause = err
+			return api.CloneResponse{}, m
 		}
 		return api.CloneResponse{}, fmt.Errorf("fiber %s: endpoint: %w", fence, err)
 	}
@@ -171,33 +172,47 @@ func (a *Agent) create(ctx context.Context, res *core.Reservation, payload []byt
 
 	breq := backend.CloneRequest{Fence: fence, Listener: lf, Payload: payload}
 	var leaf *cgroup.Leaf
-	if cg != nil {
-		l, err := cg.Fiber(fence.Epoch, fence.Seq)
+	budget := v.grant.WBudget
+	h.measured = budget > 0
+	if v.cg != nil {
+		l, err := v.cg.Fiber(fence.Epoch, fence.Seq)
 		if err != nil {
 			a.freeFiber(core.Fiber{Handle: h})
 			return api.CloneResponse{}, fmt.Errorf("fiber %s: cgroup leaf: %w", fence, err)
 		}
 		leaf = &l
 		breq.Leaf = l.Path()
+		if budget > 0 && v.memCgroup {
+			if err := l.SetMemoryLimit(budget, memoryHigh(budget)); err != nil {
+				a.log.Error(err, "Cannot set the fiber's memory.max; measuring its W budget instead", "fiber", fence.String())
+			} else {
+				h.measured = false
+			}
+		}
 	}
-	if _, err := rt.backend.Clone(ctx, breq); err != nil {
+	bf, err := b.Clone(ctx, breq)
+	if err != nil {
 		a.freeFiber(core.Fiber{Handle: h})
 		if leaf != nil {
 			_ = leaf.Remove() // after a failed Clone the leaf is ours
 		}
-		if errors.Is(err, backend.ErrCold) {
-			return api.CloneResponse{}, a.miss(fmt.Sprintf("grant %q: template not warm", uid))
+		switch {
+		case errors.Is(err, backend.ErrCold):
+			return api.CloneResponse{}, a.miss(fmt.Errorf("grant %q: template not warm: %w", uid, err))
+		case ctx.Err() != nil:
+			return api.CloneResponse{}, a.miss(fmt.Errorf("fiber %s: not forked within the Clone's deadline: %w", fence, err))
 		}
 		return api.CloneResponse{}, fmt.Errorf("fiber %s: clone: %w", fence, err)
 	}
-	f := core.Fiber{Endpoint: url, Tier: rt.backend.Tier(), Created: a.cfg.Clock.Now(), Handle: h}
+	h.pid, h.leaf = bf.PID, breq.Leaf
+	f := core.Fiber{Endpoint: url, Tier: b.Tier(), Created: a.cfg.Clock.Now(), Handle: h}
 	if cerr := a.ledger.Commit(res, f); cerr != nil {
 		// The grant was yielded or the epoch moved while forking: the new
 		// fiber belongs to nobody now.
 		kctx, cancel := core.WithTimeout(context.Background(), a.cfg.Clock, drainTimeout)
 		a.releaseFiber(kctx, core.Fiber{Fence: fence, Handle: h})
 		cancel()
-		return api.CloneResponse{}, a.miss(cerr.Error())
+		return api.CloneResponse{}, a.miss(cerr)
 	}
 	a.notify()
 	return api.CloneResponse{FiberID: fence.String(), Endpoint: url, Fence: fence, Kind: api.KindCreate}, nil

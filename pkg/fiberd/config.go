@@ -2,8 +2,10 @@ package fiberd
 
 import (
 	"fmt"
+	"math"
 	"net"
 	"path/filepath"
+	"strconv"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -47,6 +49,11 @@ const (
 	// DefaultPortRange is the TCP port range fibers of the inet families
 	// listen on.
 	DefaultPortRange = "20000-20999"
+	// DefaultDenyFor is how long a revocation lasts at least.
+	DefaultDenyFor = 24 * time.Hour
+	// DefaultBudgetInterval is how often the W budget of fibers whose
+	// leaf does not enforce it is measured.
+	DefaultBudgetInterval = time.Second
 )
 
 // Config is what cmd/fiberd (or a test) hands New. Every field documents its
@@ -55,7 +62,9 @@ const (
 type Config struct {
 	// Home is where the agent runs, already built by the caller. Required.
 	// The agent calls Grants, Run and, when it stops, Close: it owns the
-	// home from New on, and closes it also when New fails.
+	// home once New got past Validate, and closes it also when New fails
+	// after that. When Validate refuses the Config, New leaves the home
+	// (and Warm and Basic) to the caller.
 	Home home.Home
 
 	// Issuer is the issuer URL grant tokens must carry in iss. Required.
@@ -76,8 +85,8 @@ type Config struct {
 	// <name>.json per template. Required.
 	Templates string
 	// Warm is the proc backend, serving tier WARM from a zygote per grant.
-	// The agent owns Warm and Basic from New on: it stops their grants and
-	// closes them when Run ends (or New fails). Nil means no WARM tier: every grant is served by Basic, and a grant
+	// The agent owns Warm and Basic as it owns Home: it stops their grants
+	// and closes them when Run ends (or New fails after Validate). Nil means no WARM tier: every grant is served by Basic, and a grant
 	// whose MinTier is WARM or above is refused with a tier gap.
 	Warm backend.Backend
 	// Basic is the exec backend, serving tier BASIC by fork+exec. Nil means
@@ -89,8 +98,8 @@ type Config struct {
 
 	// StateDir is the agent's state directory (-state). Required, absolute.
 	// The agent creates StateDir/private with mode 0700 and keeps there
-	// the epoch file (private/epoch) and the admin socket
-	// (private/admin.sock).
+	// the epoch file (private/epoch), the revocations (private/denied.json)
+	// and the admin socket (private/admin.sock).
 	StateDir string
 	// RunDir is where fibers' unix sockets are bound (-run-dir), created
 	// 0700. Default StateDir/run.
@@ -160,9 +169,22 @@ type Config struct {
 	// CloneDeadline bounds a Clone whose request names no deadlineMs, and
 	// caps one that names a longer one. Default DefaultCloneDeadline.
 	CloneDeadline time.Duration
-	// ReapInterval is how often grants with a lapsed lease are yielded.
-	// Default DefaultReapInterval.
+	// ReapInterval is how often every grant's state is checked again, a
+	// safety net beside the events that drive it (a lease's end, a zygote's
+	// death, a lane delivery), and how often watchers are woken to see the
+	// lane's health. Default DefaultReapInterval.
 	ReapInterval time.Duration
+	// DenyFor is how long a grant its lane removed stays revoked at least:
+	// a Clone presenting one of its tokens is refused until the lane
+	// delivers it again, or until the later of DenyFor after the removal
+	// and the end of the latest lease of it the agent saw. Revocations are
+	// kept in StateDir/private/denied.json and outlive a restart. Default
+	// DefaultDenyFor.
+	DenyFor time.Duration
+	// BudgetInterval is how often the agent measures the private memory of
+	// each fiber of a grant with a W budget (wBudget) that no memory.max
+	// enforces, and ends those over it. Default DefaultBudgetInterval.
+	BudgetInterval time.Duration
 
 	// Clock reads the time, drives the reaper and times Clone deadlines.
 	// Default the real clock.
@@ -207,6 +229,12 @@ func (c Config) withDefaults() Config {
 	if c.ReapInterval == 0 {
 		c.ReapInterval = DefaultReapInterval
 	}
+	if c.DenyFor == 0 {
+		c.DenyFor = DefaultDenyFor
+	}
+	if c.BudgetInterval == 0 {
+		c.BudgetInterval = DefaultBudgetInterval
+	}
 	if c.Clock == nil {
 		c.Clock = clock.RealClock{}
 	}
@@ -220,38 +248,55 @@ func (c Config) withDefaults() Config {
 }
 
 // Validate reports the first field of c that is missing or wrong, after
-// defaults, and how to fix it. The error wraps core.ErrInvalid. It does no
-// I/O: files named by the TLS fields are read by New.
+// defaults, and how to fix it: the parts (Home, Keys, Warm and Basic),
+// then ValidateSettings. The error wraps core.ErrInvalid. It does no I/O:
+// files named by the TLS fields are read by New.
 func (c Config) Validate() error {
-	c = c.withDefaults()
 	bad := func(format string, args ...any) error {
 		return fmt.Errorf("fiberd config: "+format+": %w", append(args, core.ErrInvalid)...)
 	}
 	switch {
 	case c.Home == nil:
 		return bad("Home is nil: build a home (standalone or kubernetes) and pass it")
+	case c.Keys == nil:
+		return bad("Keys is nil: pass a *grant.Cache or a *grant.StaticKeys (-issuer-keys)")
+	case c.Warm == nil && c.Basic == nil:
+		return bad("Warm and Basic are both nil: pass the proc and/or the exec backend")
+	}
+	return c.ValidateSettings()
+}
+
+// ValidateSettings is Validate without the parts a caller builds (Home,
+// Keys, Warm, Basic): cmd/fiberd calls it on the Config its flags make
+// before it builds any of them, so a bad flag touches nothing. Each
+// message names the flag that sets the field. The error wraps
+// core.ErrInvalid.
+func (c Config) ValidateSettings() error {
+	c = c.withDefaults()
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("fiberd config: "+format+": %w", append(args, core.ErrInvalid)...)
+	}
+	switch {
 	case c.Issuer == "":
 		return bad("Issuer is empty: set -issuer to the issuer URL grant tokens carry in iss")
 	case c.NodeID == "":
 		return bad("NodeID is empty: set -node-id to this home's node id (the aud of its grants)")
-	case c.Keys == nil:
-		return bad("Keys is nil: pass a *grant.Cache or a *grant.StaticKeys (-issuer-keys)")
 	case c.MaxLease < 0:
-		return bad("MaxLease %v is negative: use 0 for no limit", c.MaxLease)
+		return bad("MaxLease %v is negative: set -max-lease to a duration, or 0 for no limit", c.MaxLease)
 	case c.Templates == "":
 		return bad("Templates is empty: set -templates to the directory of template specs")
-	case c.Warm == nil && c.Basic == nil:
-		return bad("Warm and Basic are both nil: pass the proc and/or the exec backend")
+	case !filepath.IsAbs(c.Templates):
+		return bad("Templates %q is not an absolute path: set -templates to one", c.Templates)
 	case c.StateDir == "" || !filepath.IsAbs(c.StateDir):
 		return bad("StateDir %q is not an absolute path: set -state", c.StateDir)
 	case !filepath.IsAbs(c.RunDir):
 		return bad("RunDir %q is not an absolute path: set -run-dir", c.RunDir)
 	case c.Socket != "-" && !filepath.IsAbs(c.Socket):
 		return bad("Socket %q is not an absolute path: set -socket to one, or \"-\" for none", c.Socket)
-	case c.ThrashRate < 0:
-		return bad("ThrashRate %v is negative: use 0 for the default %d/s", c.ThrashRate, DefaultThrashRate)
+	case !(c.ThrashRate >= 0) || math.IsInf(c.ThrashRate, 0):
+		return bad("ThrashRate %v is not a rate: set -thrash-rate to Clones per second, or 0 for the default %d/s", c.ThrashRate, DefaultThrashRate)
 	case c.ThrashBurst < 0:
-		return bad("ThrashBurst %d is negative: use 0 for the default %d", c.ThrashBurst, DefaultThrashBurst)
+		return bad("ThrashBurst %d is negative: set -thrash-burst to a count, or 0 for the default %d", c.ThrashBurst, DefaultThrashBurst)
 	case !(c.PressureThreshold >= 0 && c.PressureThreshold <= 100):
 		return bad("PressureThreshold %v is not a percentage from 0 to 100: set -pressure-threshold to one, or 0 to turn pressure shedding off", c.PressureThreshold)
 	case c.RetryAfter < 0:
@@ -260,6 +305,10 @@ func (c Config) Validate() error {
 		return bad("CloneDeadline %v is negative: use 0 for the default %v", c.CloneDeadline, DefaultCloneDeadline)
 	case c.ReapInterval < 0:
 		return bad("ReapInterval %v is negative: use 0 for the default %v", c.ReapInterval, DefaultReapInterval)
+	case c.DenyFor < 0:
+		return bad("DenyFor %v is negative: use 0 for the default %v", c.DenyFor, DefaultDenyFor)
+	case c.BudgetInterval < 0:
+		return bad("BudgetInterval %v is negative: use 0 for the default %v", c.BudgetInterval, DefaultBudgetInterval)
 	case c.AdminUnsafe && !TestHooks:
 		return bad("AdminUnsafe is set but this binary was built without the testhooks tag: drop -admin-unsafe")
 	}
@@ -284,16 +333,19 @@ func (c Config) Validate() error {
 		return bad("TLSCert, TLSKey and ClientCA: %d of 3 set: set -tls-cert, -tls-key and -client-ca together, or none", tlsSet)
 	}
 	if c.Listen != "" {
-		host, _, err := net.SplitHostPort(c.Listen)
+		host, port, err := net.SplitHostPort(c.Listen)
 		if err != nil {
-			return bad("Listen %q is not host:port: %v", c.Listen, err)
+			return bad("Listen %q is not host:port (%v): set -listen to one, or -listen= for no TCP listener", c.Listen, err)
+		}
+		if p, err := strconv.Atoi(port); err != nil || p < 0 || p > 65535 {
+			return bad("Listen %q has no valid port: set -listen to host:port", c.Listen)
 		}
 		if tlsSet == 0 {
 			if !c.InsecurePlaintext {
-				return bad("Listen %q has no TLS: set -tls-cert, -tls-key and -client-ca, or -insecure-plaintext on a loopback address", c.Listen)
+				return bad("Listen %q has no TLS: set -tls-cert, -tls-key and -client-ca, or -insecure-plaintext on a loopback address, or -listen= to serve the unix socket only", c.Listen)
 			}
 			if !c.InsecureAllowNonLoopback && !endpoint.IsLoopbackHost(host) {
-				return bad("Listen %q is plaintext on a non-loopback address: bind a loopback address, add TLS, or name it explicitly with InsecureAllowNonLoopback", c.Listen)
+				return bad("Listen %q is plaintext on a non-loopback address: set -listen to a loopback address, add TLS, or name the address to expose explicitly (a wildcard never counts as named)", c.Listen)
 			}
 		}
 	}

@@ -15,9 +15,6 @@ import (
 	"fiberd.io/fiberd/pkg/core"
 )
 
-// errTooLarge is a request body over api.MaxRequestBody: 413.
-var errTooLarge = errors.New("request body too large")
-
 // readBody reads a request body of at most api.MaxRequestBody bytes. A
 // declared Content-Length over the cap is refused before a byte is read;
 // an undeclared one is cut by http.MaxBytesReader at the cap. Both wrap

@@ -5,24 +5,44 @@
 //
 // # Lifecycle
 //
-// A grant goes delivered -> verified -> admitted -> warm -> yielded. The
-// home's lane delivers it (GrantAdded) or a Clone carries it; the agent
-// verifies the token, lifts any deny, admits it in the ledger, warms its
-// template on a backend with the home's Devices, and calls
-// PublishReady(uid, true). A renewal (same UID, new token) only updates the
-// lease. GrantRemoved yields it (fibers released, zygote stopped), denies
-// the UID until the lane delivers it again, and calls PublishReady(uid,
-// false); a lapsed lease is yielded by the reaper (every ReapInterval, 5 s).
+// A grant goes delivered -> verified -> admitted -> warm -> yielded. All of
+// a grant's state lives in one slot per grant UID, and one reconcile per
+// UID at a time (reconcile.go), run by a work queue, is the only code that
+// admits, warms or yields it. Events only record what they learned and
+// queue the UID: the home's lane delivering a token (GrantAdded) or
+// removing one (GrantRemoved), a Clone carrying a token not yet admitted,
+// a zygote's death, the lease's end and a revocation's end (timers on the
+// injected clock). Grants reconcile in parallel, each on its own
+// goroutine, so a template that never warms holds up only its own grant.
+//
+// A reconcile verifies a delivered token (lifting the grant's revocation),
+// admits a wanted grant in the ledger (a renewal, same UID and template,
+// only updates the lease), acquires the home's Devices and the grant's
+// cgroup, warms its template on a backend within the lease, and calls
+// PublishReady(uid, true). A warm that fails is retried with exponential
+// back-off (1 s doubling to 1 min); a zygote that dies is warmed again at
+// once. GrantRemoved revokes the grant at once and in the state directory
+// (StateDir/private/denied.json), for Config.DenyFor at least and past the
+// latest lease seen, cancels its reconcile in flight, and its reconcile
+// yields it (fibers released, zygote stopped) and calls PublishReady(uid,
+// false); a revoked grant stays refused across a restart until the lane
+// delivers it again. A lease that ends is yielded the same way.
+//
+// A Clone carrying a token the slot does not hold yet offers it and waits
+// for the slot's reconcile, within the Clone's deadline; when the deadline
+// passes first the Clone is a capacity miss, never a fault.
 //
 // A fiber goes created -> running -> released | exited. Clone checks the
-// thrash budget and the memory pressure of the grant's cgroup (PSI "some
+// thrash budget, the memory pressure of the grant's cgroup (PSI "some
 // avg10" of memory.pressure above Config.PressureThreshold, read at most
-// once a second per grant), takes the session's gate (a running session is
-// attached, not created twice), reserves a slot (fibers.max is never
-// exceeded), binds the fiber's listener, carves its leaf cgroup, forks it on
-// the backend under the deadline, and commits; the commit is refused when the grant entry or
-// the epoch changed meanwhile, and the new fiber is then released. A fiber
-// that exits frees its slot.
+// once a second per grant) and that the template is warm, then takes the
+// session's gate (a running session is attached, not created twice),
+// reserves a slot (fibers.max is never exceeded) and mints the fence,
+// binds the fiber's listener, carves its leaf cgroup, forks it on the
+// backend under the deadline, and commits; the commit is refused when the
+// grant entry or the epoch changed meanwhile, and the new fiber is then
+// released. A Clone refused before the fork mints no fence. A fiber that
+// exits frees its slot.
 //
 // The epoch lives in StateDir/private/epoch: one more on every New, and one
 // more on a scope loss (a ScopeLoser home, or the admin hook), which
@@ -31,12 +51,19 @@
 //
 // # Start and stop
 //
-// New follows ARCHITECTURE 4.7: private state dir (0700), verifier, cgroup
-// tree, endpoint host (asked once of an EndpointHoster home), epoch bump,
-// ledger, then the admin socket and API listeners are bound. Run starts the
-// home, the lane, the reaper and the backends' exit loops, then serves; when
-// its context ends it stops accepting, ends watch streams, releases every
-// fiber, stops every zygote, closes the backends and the home, and returns.
+// New follows ARCHITECTURE 4.7: private state dir (0700), the sweep of what
+// a crashed run left (the processes and cgroups StateDir/private/procs
+// records, pkg/procrec), verifier, cgroup tree, endpoint host (asked once
+// of an EndpointHoster home), epoch bump, ledger and revocations, then the
+// admin socket and API listeners are bound. Run starts the home, the lane,
+// the grants' reconciles, the resync, the W budget's measurements and the
+// backends' exit loops, then serves; when its context ends (or a server
+// fails: Run then returns its error) it stops accepting, ends watch
+// streams, releases every fiber, stops every zygote, closes the backends
+// and the home, and returns.
+//
+// Locks: see the Agent type. No lock is held across I/O, a process start
+// or a call into the home, a backend or the verifier.
 //
 // # API and authentication
 //
@@ -68,6 +95,15 @@
 // declared here; homes never import this package and satisfy them
 // structurally.
 //
+// # The W budget
+//
+// A grant's wBudget bounds the private memory each fiber dirties: the
+// fiber's leaf's memory.max where the grant's cgroup has the memory
+// controller, else the agent's measurement (budget.go). A fiber over it is
+// ended; the grant's status lists its exit ("over wBudget: ..."), and
+// fiberd_fiber_exits_total counts it.
+//
 // Who imports it: cmd/fiberd, and tests. It imports pkg/home, pkg/grant,
-// pkg/backend, pkg/cgroup, pkg/endpoint, pkg/template, pkg/api and pkg/core.
+// pkg/backend, pkg/cgroup, pkg/procrec, pkg/endpoint, pkg/template,
+// pkg/api and pkg/core.
 package fiberd

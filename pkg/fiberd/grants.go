@@ -1,21 +1,22 @@
 package fiberd
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
 	"time"
 
+	"fiberd.io/fiberd/pkg/api"
 	"fiberd.io/fiberd/pkg/backend"
 	"fiberd.io/fiberd/pkg/core"
 	"fiberd.io/fiberd/pkg/home"
-	"fiberd.io/fiberd/pkg/template"
 )
 
-// publishTimeout bounds a PublishReady made outside a request or the lane.
-const publishTimeout = 10 * time.Second
+// The events of a grant. Each records what it learned in the grant's slot
+// and queues a reconcile of the UID (reconcile.go); none admits, warms or
+// yields a grant itself, and none waits for another grant.
 
 // laneLoop applies the home's grant events until ctx ends or the lane
 // closes.
@@ -28,243 +29,117 @@ func (a *Agent) laneLoop(ctx context.Context, lane <-chan home.GrantEvent) {
 			if !ok {
 				return
 			}
-			a.applyEvent(ctx, ev)
+			a.applyEvent(ev)
 		}
 	}
 }
 
-// applyEvent handles one lane event. GrantAdded: verify, lift the deny,
-// admit, warm, publish ready. GrantRemoved: deny, yield, publish not ready.
-func (a *Agent) applyEvent(ctx context.Context, ev home.GrantEvent) {
-	log := a.log.WithValues("grant", ev.UID, "path", ev.Path)
+// applyEvent handles one lane event. GrantAdded: the token waits in the
+// slot for its reconcile to verify it. GrantRemoved: revoke.
+func (a *Agent) applyEvent(ev home.GrantEvent) {
 	switch ev.Kind {
 	case home.GrantAdded:
-		g, err := a.verifier.Verify(ctx, ev.Token)
-		if err != nil {
-			log.Error(err, "Refused a delivered grant")
-			return
-		}
-		if g.UID != ev.UID {
-			log.Info("Delivered grant's verified UID differs from the lane's peek", "verified", g.UID)
-		}
-		a.ledger.Lift(g.UID)
-		if err := a.admit(ctx, g); err != nil {
-			log.Error(err, "Could not admit a delivered grant")
-		}
+		a.event(ev.UID, func(s *slot) {
+			s.delivered = ev.Token
+			s.gen++
+		})
 	case home.GrantRemoved:
-		a.ledger.Deny(ev.UID)
-		a.yield(ctx, ev.UID, "removed by the lane")
-		log.Info("Grant removed by the lane; denied until delivered again")
+		a.revoke(ev.UID)
+		a.log.Info("Grant removed by the lane; revoked until delivered again", "grant", ev.UID, "path", ev.Path)
 	default:
-		log.Info("Ignored a lane event of unknown kind", "kind", ev.Kind.String())
+		a.log.Info("Ignored a lane event of unknown kind", "grant", ev.UID, "kind", ev.Kind.String())
 	}
 }
 
-// admit admits verified grant g and warms its template. A renewal (an
-// admitted UID with the same template) only updates the lease. It fails
-// with an error wrapping core.ErrNoCapacity for a lapsed lease,
-// core.ErrDenied for a revoked UID, core.ErrTierGap when no backend
-// reaches the grant's MinTier, and core.ErrInvalid for a template the node
-// does not hold. A grant admitted but not warmed is no error: it stays
-// admitted and cold, Clones of it miss, and the reaper warms it again.
-func (a *Agent) admit(ctx context.Context, g core.Grant) error {
-	a.admitMu.Lock()
-	defer a.admitMu.Unlock()
-	if g.Expired(a.cfg.Clock.Now()) {
-		return fmt.Errorf("grant %q lease ended at %s: %w", g.UID, g.Expiry.UTC().Format(time.RFC3339), core.ErrNoCapacity)
-	}
-	a.mu.Lock()
-	rt := a.grants[g.UID]
-	a.mu.Unlock()
-	if rt != nil && rt.grant.Template == g.Template && rt.grant.MinTier == g.MinTier {
-		if _, err := a.ledger.Admit(g); err != nil {
-			return err
+// revoke denies uid at once, in the ledger, and until the later of
+// Config.DenyFor from now and the end of the latest lease of it the agent
+// has seen, in the state directory; its reconcile (a running one is
+// cancelled) then yields it.
+func (a *Agent) revoke(uid string) {
+	a.ledger.Deny(uid)
+	until := a.cfg.Clock.Now().Add(a.cfg.DenyFor)
+	a.event(uid, func(s *slot) {
+		s.want, s.delivered = nil, nil
+		s.gen++
+		if s.cancel != nil {
+			s.cancel()
 		}
-		a.mu.Lock()
-		rt.grant = g
-		a.mu.Unlock()
-		if !a.isWarm(g.UID) {
-			a.warm(ctx, rt)
+		if s.latestExpiry.After(until) {
+			until = s.latestExpiry
 		}
-		a.notify()
-		return nil
+	})
+	if err := a.deny.add(uid, until); err != nil {
+		a.log.Error(err, "Persisting a revocation; it holds until fiberd restarts", "grant", uid)
 	}
-	if rt != nil {
-		a.yieldLocked(ctx, g.UID, "template or tier changed")
-	}
+}
+
+// offer hands grant g, verified from a Clone's token, to its slot, and
+// waits until the slot has reconciled it or ctx ends. A token the slot
+// already wants, or one issued before it (design decision 15), changes
+// nothing; the Clone is then served under what the slot wants, but still
+// waits for a reconcile of it in flight. It fails at once with a miss for
+// a revoked grant or an ended lease, and with a miss when ctx ends first.
+// What the reconcile reached (admitted, warm, a tier gap, its error) is for
+// the caller to read from the slot.
+func (a *Agent) offer(ctx context.Context, g core.Grant) error {
 	if a.ledger.Denied(g.UID) {
-		return fmt.Errorf("grant %q: %w", g.UID, core.ErrDenied)
+		return a.miss(fmt.Errorf("grant %q: %w", g.UID, core.ErrDenied))
 	}
-	spec, err := a.templates.Resolve(g.Template)
-	if err != nil {
-		return fmt.Errorf("grant %q: %w", g.UID, err)
+	if g.Expired(a.cfg.Clock.Now()) {
+		return a.miss(fmt.Errorf("grant %q lease ended at %s: %w", g.UID, g.Expiry.UTC().Format(time.RFC3339), core.ErrNoCapacity))
 	}
-	b, err := a.pick(g, spec)
-	if err != nil {
+	var (
+		s   *slot
+		gen uint64
+	)
+	for s == nil {
 		a.mu.Lock()
-		a.gaps[g.UID] = err
+		s = a.slots[g.UID]
+		if s == nil {
+			s = newSlot(g.UID)
+			a.slots[g.UID] = s
+		}
 		a.mu.Unlock()
-		return err
-	}
-	if _, err := a.ledger.Admit(g); err != nil {
-		return err
-	}
-	rt = &grantRT{grant: g, spec: spec, backend: b}
-	a.mu.Lock()
-	a.grants[g.UID] = rt
-	delete(a.gaps, g.UID)
-	a.mu.Unlock()
-	a.log.Info("Grant admitted", "grant", g.UID, "template", g.Template, "max", g.Fibers.Max, "tier", b.Tier(), "expiry", g.Expiry)
-	a.warm(ctx, rt)
-	if err := a.gapOf(g.UID); err != nil {
-		return err
-	}
-	a.notify()
-	return nil
-}
-
-// pick chooses the backend of grant g: Warm when its template is a zygote
-// and Warm is configured, else Basic. The chosen tier must reach g.MinTier.
-func (a *Agent) pick(g core.Grant, spec template.Spec) (backend.Backend, error) {
-	var b backend.Backend
-	switch {
-	case spec.Zygote && a.cfg.Warm != nil:
-		b = a.cfg.Warm
-	case a.cfg.Basic != nil:
-		b = a.cfg.Basic
-	default:
-		return nil, fmt.Errorf("grant %q: template %s is no zygote and this agent has no BASIC tier: %w", g.UID, g.Template, core.ErrTierGap)
-	}
-	min := g.MinTier
-	if min == "" {
-		min = core.TierBasic
-	}
-	if b.Tier().Rank() < min.Rank() {
-		return nil, fmt.Errorf("grant %q: needs tier %s, the best this agent serves its template at is %s: %w", g.UID, min, b.Tier(), core.ErrTierGap)
-	}
-	return b, nil
-}
-
-// gapOf is the tier gap recorded for uid, nil when none.
-func (a *Agent) gapOf(uid string) error {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	return a.gaps[uid]
-}
-
-// warm acquires the grant's devices and cgroup when it has none yet, warms
-// its template on its backend and publishes it ready. Failures are logged
-// and leave the grant cold; a tier gap the backend reports yields the grant
-// and records the gap. The caller holds admitMu.
-func (a *Agent) warm(ctx context.Context, rt *grantRT) {
-	a.mu.Lock()
-	g, spec, b := rt.grant, rt.spec, rt.backend
-	haveDevices, cg := rt.release != nil, rt.cg
-	a.mu.Unlock()
-	log := a.log.WithValues("grant", g.UID)
-	fail := func(err error) {
-		a.mu.Lock()
-		rt.warmErr = err
-		a.mu.Unlock()
-		log.Error(err, "Template not warm")
-	}
-
-	var dev core.DeviceChannel
-	if !haveDevices {
-		d, release, err := a.home.Devices(ctx, g)
-		if err != nil {
-			fail(fmt.Errorf("grant %q: devices: %w", g.UID, err))
-			return
+		s.mu.Lock()
+		if s.gone {
+			s.mu.Unlock()
+			s = nil
+			continue
 		}
-		if release == nil {
-			release = func() {}
+		if g.Expiry.After(s.latestExpiry) {
+			s.latestExpiry = g.Expiry
 		}
-		dev = d
-		a.mu.Lock()
-		rt.release = release
-		rt.devices = d
-		a.mu.Unlock()
-	} else {
-		a.mu.Lock()
-		dev = rt.devices
-		a.mu.Unlock()
-	}
-	if cg == nil && a.tree != nil {
-		c, err := a.tree.Grant(g.UID)
-		if err != nil {
-			fail(fmt.Errorf("grant %q: cgroup: %w", g.UID, err))
-			return
-		}
-		cg = &c
-		a.mu.Lock()
-		rt.cg = cg
-		a.mu.Unlock()
-	}
-	req := backend.WarmRequest{Grant: g, Spec: spec, Devices: dev, RunDir: filepath.Join(a.cfg.RunDir, "grants", g.UID)}
-	if cg != nil {
-		req.Cgroup = cg.Dir.Path()
-	}
-	if err := b.Warm(ctx, req); err != nil {
-		if errors.Is(err, core.ErrTierGap) {
-			a.yieldLocked(ctx, g.UID, "tier gap")
-			a.mu.Lock()
-			a.gaps[g.UID] = err
-			a.mu.Unlock()
-		}
-		fail(err)
-		return
-	}
-	a.mu.Lock()
-	rt.warm, rt.warmErr = true, nil
-	a.mu.Unlock()
-	log.Info("Template warm", "template", g.Template, "tier", b.Tier())
-	if err := a.home.PublishReady(ctx, g.UID, true); err != nil {
-		log.Error(err, "Publishing readiness")
-	}
-	a.notify()
-}
-
-// yield ends admitted grant uid: its fibers and zygote are stopped, its
-// cgroup removed, its devices released, and the home told it is not ready.
-func (a *Agent) yield(ctx context.Context, uid, reason string) {
-	a.admitMu.Lock()
-	defer a.admitMu.Unlock()
-	a.yieldLocked(ctx, uid, reason)
-}
-
-// yieldLocked is yield for a caller that holds admitMu.
-func (a *Agent) yieldLocked(ctx context.Context, uid, reason string) {
-	fibers := a.ledger.Yield(uid)
-	a.mu.Lock()
-	rt := a.grants[uid]
-	delete(a.grants, uid)
-	delete(a.gaps, uid)
-	a.mu.Unlock()
-	for _, f := range fibers {
-		if rt == nil {
-			a.releaseFiber(ctx, f)
-		} else {
-			a.freeFiber(f)
-		}
-	}
-	if rt != nil {
-		if err := rt.backend.Stop(ctx, uid); err != nil {
-			a.log.Error(err, "Stopping a grant", "grant", uid)
-		}
-		if rt.cg != nil {
-			if err := rt.cg.Remove(ctx); err != nil {
-				a.log.Error(err, "Removing a grant's cgroup", "grant", uid)
+		// Offer it when nothing or an older token is wanted, or when the
+		// last reconcile could not admit what is wanted (a template the
+		// node did not hold then): this Clone asks again.
+		settledOut := !s.admitted && s.applied >= s.gen
+		changed := s.want == nil || settledOut || !(bytes.Equal(s.want.Token, g.Token) || g.IssuedAt.Before(s.want.IssuedAt))
+		if changed {
+			if s.want == nil || !g.IssuedAt.Before(s.want.IssuedAt) {
+				s.want = &g
 			}
+			s.gap = nil
+			s.gen++
 		}
-		if rt.release != nil {
-			rt.release()
+		gen = s.gen
+		s.mu.Unlock()
+		if changed {
+			a.queue.Add(g.UID)
 		}
-		a.log.Info("Grant yielded", "grant", uid, "reason", reason, "fibers", len(fibers))
 	}
-	if err := a.home.PublishReady(ctx, uid, false); err != nil {
-		a.log.Error(err, "Publishing readiness", "grant", uid)
+	for {
+		s.mu.Lock()
+		done, wait := s.applied >= gen, s.changed
+		s.mu.Unlock()
+		if done {
+			return nil
+		}
+		select {
+		case <-wait:
+		case <-ctx.Done():
+			return a.miss(fmt.Errorf("grant %q: not ready within the Clone's deadline (its template is warming): %w", g.UID, ctx.Err()))
+		}
 	}
-	a.notify()
 }
 
 // releaseFiber kills fiber f and frees what the agent held for it. The
@@ -293,10 +168,11 @@ func (a *Agent) freeFiber(f core.Fiber) {
 	}
 }
 
-// reaper yields grants whose lease lapsed and warms cold ones again, every
-// ReapInterval, until ctx ends. Each round also wakes the watchers, so a
-// change of lane health reaches them.
-func (a *Agent) reaper(ctx context.Context) {
+// resync queues a reconcile of every grant that has none running or
+// pending, every ReapInterval, until ctx ends: a safety net for a change no
+// event reported. Each round also wakes the watchers, so a change of lane
+// health reaches them.
+func (a *Agent) resync(ctx context.Context) {
 	t := a.cfg.Clock.NewTicker(a.cfg.ReapInterval)
 	defer t.Stop()
 	for {
@@ -304,64 +180,81 @@ func (a *Agent) reaper(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-t.C():
-			a.reap(ctx)
+			a.mu.Lock()
+			uids := make([]string, 0, len(a.slots))
+			for uid := range a.slots {
+				uids = append(uids, uid)
+			}
+			a.mu.Unlock()
+			for _, uid := range uids {
+				if running, timer := a.queue.pending(uid); !running && !timer {
+					a.queue.Add(uid)
+				}
+			}
+			a.notify()
 		}
 	}
-}
-
-func (a *Agent) reap(ctx context.Context) {
-	for _, uid := range a.ledger.Lapsed(a.cfg.Clock.Now()) {
-		a.yield(ctx, uid, "lease lapsed")
-	}
-	a.mu.Lock()
-	var cold []*grantRT
-	for uid, rt := range a.grants {
-		if !rt.warm || !rt.backend.Warmed(uid) {
-			cold = append(cold, rt)
-		}
-	}
-	a.mu.Unlock()
-	for _, rt := range cold {
-		a.admitMu.Lock()
-		a.mu.Lock()
-		current := a.grants[rt.grant.UID] == rt
-		a.mu.Unlock()
-		if current {
-			a.warm(ctx, rt)
-		}
-		a.admitMu.Unlock()
-	}
-	a.notify()
 }
 
 // exitLoop frees the slots of fibers that end on their own and marks
-// grants whose zygote died cold, until b's Exits closes.
+// grants whose zygote died cold (their reconcile warms them again), until
+// b's Exits closes. It does no I/O of its own.
 func (a *Agent) exitLoop(b backend.Backend) {
 	for ex := range b.Exits() {
 		if ex.Template {
-			a.mu.Lock()
-			rt := a.grants[ex.GrantUID]
-			if rt != nil && rt.backend == b {
-				rt.warm = false
-			}
-			a.mu.Unlock()
-			if rt != nil {
-				a.log.Info("Template died; grant is cold until warmed again", "grant", ex.GrantUID, "reason", ex.Reason.String())
-				ctx, cancel := core.WithTimeout(context.Background(), a.cfg.Clock, publishTimeout)
-				if err := a.home.PublishReady(ctx, ex.GrantUID, false); err != nil {
-					a.log.Error(err, "Publishing readiness", "grant", ex.GrantUID)
+			if s := a.slotOf(ex.GrantUID); s != nil {
+				s.mu.Lock()
+				ours := s.backend == b && s.admitted
+				if ours {
+					s.warm = false
+					s.wakeLocked()
 				}
-				cancel()
+				s.mu.Unlock()
+				if ours {
+					a.log.Info("Template died; grant is cold until warmed again", "grant", ex.GrantUID, "reason", ex.Reason.String())
+					a.queue.Add(ex.GrantUID)
+				}
 			}
 			a.notify()
 			continue
 		}
 		if f, ok := a.ledger.Remove(ex.Fence); ok {
 			a.freeFiber(f)
-			a.log.V(1).Info("Fiber exited", "fiber", ex.Fence.String(), "reason", ex.Reason.String())
+			reason, label, over := exitReason(f, ex.Reason)
+			a.metrics.exits.WithLabelValues(label).Inc()
+			if s := a.slotOf(ex.GrantUID); s != nil {
+				s.recordExit(api.FiberExit{FiberID: ex.Fence.String(), Reason: reason, At: a.cfg.Clock.Now()}, over)
+			}
+			if over {
+				a.log.Info("Fiber ended over its W budget", "fiber", ex.Fence.String(), "reason", reason)
+			} else {
+				a.log.V(1).Info("Fiber exited", "fiber", ex.Fence.String(), "reason", reason)
+			}
 			a.notify()
 		}
 	}
+}
+
+// exitReason is how fiber f ended, for its grant's status (reason), for
+// fiberd_fiber_exits_total (label) and whether it went over its W budget:
+// ended by the budget loop, or by the kernel at its leaf's memory.max.
+func exitReason(f core.Fiber, r backend.ExitReason) (reason, label string, over bool) {
+	if h, ok := f.Handle.(*fiberHandle); ok {
+		if why := h.over.Load(); why != nil {
+			return *why, exitOverBudget, true
+		}
+	}
+	switch {
+	case r.MemoryMax:
+		return "over wBudget: ended by the kernel at its leaf's memory.max", exitOverBudget, true
+	case r.Killed:
+		return r.String(), "killed", false
+	case r.TemplateDied:
+		return r.String(), "template_died", false
+	case r.Signal != "":
+		return r.String(), "signal", false
+	}
+	return r.String(), "exit", false
 }
 
 // scopeLost is registered with a ScopeLoser home: the epoch moves on and

@@ -189,7 +189,8 @@ type env struct {
 	stop     func()
 	runErr   chan error
 	stateDir string
-	pressure pressureReader // replaces the agent's readPressure when set
+	pressure pressureReader             // replaces the agent's readPressure when set
+	measure  func([]int) (int64, error) // replaces the agent's measure when set
 }
 
 type envOption func(*env)
@@ -282,6 +283,9 @@ func (e *env) start() {
 	e.agent = a
 	if e.pressure != nil {
 		a.readPressure = e.pressure // before Run: no Clone reads it yet
+	}
+	if e.measure != nil {
+		a.measure = e.measure
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	e.runErr = make(chan error, 1)

@@ -155,9 +155,8 @@ func (a *Agent) status() api.Status {
 			UID: g.UID, Template: g.Template, Running: len(gs.Running),
 			Max: g.Fibers.Max, LeaseExpiry: g.Expiry,
 		}
-		if rt, _, warm := a.lookup(g.UID); rt != nil {
-			out.Warm = warm && rt.backend.Warmed(g.UID)
-			out.Tier = rt.backend.Tier()
+		if s := a.slotOf(g.UID); s != nil {
+			s.status(&out)
 		}
 		if gs.LastSeq > 0 {
 			out.LatestFence = &core.Fence{GrantUID: g.UID, Epoch: st.Epoch, Seq: gs.LastSeq}
@@ -178,30 +177,6 @@ func (a *Agent) decode(w http.ResponseWriter, r *http.Request, v any) error {
 	}
 	return decodeStrict(b, v)
 }
-
-// tierGap is a park on a tier without checkpoints.
-type tierGap struct {
-	fence core.Fence
-	tier  core.Tier
-}
-
-func (e *tierGap) Error() string {
-	return "fiber " + e.fence.String() + " runs at tier " + string(e.tier) + ", which cannot park: no CHECKPOINT tier on this home"
-}
-
-func (e *tierGap) Unwrap() error { return core.ErrTierGap }
-
-func errNotFound(f core.Fence) error {
-	return &wrapped{msg: "fiber " + f.String() + ": not running", err: core.ErrNotFound}
-}
-
-type wrapped struct {
-	msg string
-	err error
-}
-
-func (e *wrapped) Error() string { return e.msg + ": " + e.err.Error() }
-func (e *wrapped) Unwrap() error { return e.err }
 
 // writeError maps err to its status and body, the one place errors become
 // HTTP: a *core.Miss is 429 (SHED, with Retry-After) or 503

@@ -15,12 +15,17 @@ const (
 	outcomeInternal        = "internal"
 )
 
+// exitOverBudget is the "reason" label of fiberd_fiber_exits_total for a
+// fiber ended over its W budget.
+const exitOverBudget = "over_wbudget"
+
 // metrics are the agent's Prometheus metrics, registered on Config.Registry.
 // Counters and the histogram are updated on the request path; the gauges are
 // read from the ledger and the home when scraped, so they never drift.
 type metrics struct {
 	clones  *prometheus.CounterVec
 	latency *prometheus.HistogramVec
+	exits   *prometheus.CounterVec
 	state   *stateCollector
 }
 
@@ -35,6 +40,10 @@ func newMetrics(reg prometheus.Registerer, a *Agent) (*metrics, error) {
 			Help:    "Time from a Clone request's arrival to its answer, by kind and outcome.",
 			Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10},
 		}, []string{"kind", "outcome"}),
+		exits: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "fiberd_fiber_exits_total",
+			Help: "Fibers that ended on their own or for their W budget (not those released), by reason: exit, signal, template_died, over_wbudget.",
+		}, []string{"reason"}),
 		state: &stateCollector{
 			a:       a,
 			running: prometheus.NewDesc("fiberd_running_fibers", "Running fibers per admitted grant.", []string{"grant"}, nil),
@@ -43,7 +52,7 @@ func newMetrics(reg prometheus.Registerer, a *Agent) (*metrics, error) {
 			lane:    prometheus.NewDesc("fiberd_lane_healthy", "1 while the home's control plane counts as reachable, else 0.", nil, nil),
 		},
 	}
-	for _, c := range []prometheus.Collector{m.clones, m.latency, m.state} {
+	for _, c := range []prometheus.Collector{m.clones, m.latency, m.exits, m.state} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

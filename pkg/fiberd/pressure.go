@@ -1,6 +1,7 @@
 package fiberd
 
 import (
+	"context"
 	"fmt"
 	"sync"
 	"time"
@@ -37,65 +38,87 @@ func cgroupPressure(uid string, cg *cgroup.Grant) (cgroup.Pressure, bool, error)
 }
 
 // pressureCache is the last pressure reading of one admitted grant, kept on
-// its grantRT so it ends with the grant. mu is held across a read, so
-// Clones arriving together wait for one read rather than making their own.
+// its slot. mu guards the fields and is never held across the read: the
+// first Clone to find the reading old marks a read in flight (reading) and
+// makes it; Clones arriving meanwhile wait for that read instead of making
+// their own, each within its own deadline.
 type pressureCache struct {
-	mu   sync.Mutex
-	at   time.Time // when the reading was taken; zero before the first
-	p    cgroup.Pressure
-	err  error
-	over bool // the reading was above the threshold (for logging changes)
+	mu      sync.Mutex
+	at      time.Time // when the reading was taken; zero before the first
+	p       cgroup.Pressure
+	err     error
+	over    bool          // the reading was above the threshold
+	reading chan struct{} // closed when the read in flight ends; nil when none
 }
 
-// pressureShed is the memory-pressure check of a Clone of grant uid
-// (ARCHITECTURE 4.3: pressure is always SHED). It returns a SHED with
-// Config.RetryAfter when the "some avg10" of the grant cgroup's
-// memory.pressure is above Config.PressureThreshold, and nil when it is not,
-// when the threshold is 0 (off), when uid is not admitted (Reserve will
-// miss it), when the grant has no cgroup, when the kernel offers no
-// memory.pressure (logged once per agent) or when the file cannot be read
-// (logged when it starts failing): the check never refuses a Clone it
-// cannot justify. CPU pressure is read but never sheds: a grant whose fibers
-// use their whole CPU share stalls on CPU by design, and another fiber
-// costs it time, not memory the kernel must reclaim.
+// pressureShed is the memory-pressure check of a Clone of the grant of slot
+// s, as v shows it (ARCHITECTURE 4.3: pressure is always SHED). It returns
+// a SHED with Config.RetryAfter when the "some avg10" of the grant cgroup's
+// memory.pressure is above Config.PressureThreshold, and nil when it is
+// not, when the threshold is 0 (off), when the grant is not admitted
+// (Reserve will miss it), when the grant has no cgroup, when the kernel
+// offers no memory.pressure (logged once per agent) or when the file cannot
+// be read (logged when it starts failing): the check never refuses a Clone
+// it cannot justify. CPU pressure is read but never sheds: a grant whose
+// fibers use their whole CPU share stalls on CPU by design, and another
+// fiber costs it time, not memory the kernel must reclaim.
 //
 // A reading is reused for pressureInterval on the agent's clock. clone
 // calls it after the thrash budget and before the session is resolved, so
-// like the thrash budget it refuses attaches too.
-func (a *Agent) pressureShed(uid string) *core.Miss {
+// like the thrash budget it refuses attaches too. When ctx ends while it
+// waits for another Clone's read, it does not shed.
+func (a *Agent) pressureShed(ctx context.Context, s *slot, v slotView) *core.Miss {
 	limit := a.cfg.PressureThreshold
-	if limit == 0 {
+	if limit == 0 || s == nil || !v.admitted {
 		return nil
 	}
-	rt, cg, _ := a.lookup(uid)
-	if rt == nil {
-		return nil
-	}
+	c := &s.pressure
+	for {
+		now := a.cfg.Clock.Now()
+		c.mu.Lock()
+		fresh := !c.at.IsZero() && now.Sub(c.at) < pressureInterval && !now.Before(c.at)
+		if fresh {
+			over, p := c.over, c.p
+			c.mu.Unlock()
+			if !over {
+				return nil
+			}
+			return core.Shed(fmt.Sprintf("grant %q is under memory pressure: some avg10 %.2f%% is above the threshold of %g%%", s.uid, p.Memory, limit),
+				a.cfg.Issuer, a.cfg.RetryAfter)
+		}
+		if wait := c.reading; wait != nil {
+			c.mu.Unlock()
+			select {
+			case <-wait:
+				continue
+			case <-ctx.Done():
+				return nil
+			}
+		}
+		done := make(chan struct{})
+		c.reading = done
+		c.mu.Unlock()
 
-	c := &rt.pressure
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	now := a.cfg.Clock.Now()
-	if c.at.IsZero() || now.Sub(c.at) >= pressureInterval || now.Before(c.at) {
-		a.refreshPressure(uid, cg, c, now)
+		p, ok, err := a.readPressure(s.uid, v.cg)
+		c.mu.Lock()
+		wasErr, wasOver := c.err, c.over
+		over := ok && err == nil && p.HasMemory && p.Memory > limit
+		c.at, c.p, c.err, c.over, c.reading = now, p, err, over, nil
+		close(done)
+		c.mu.Unlock()
+		a.logPressure(s.uid, wasErr, wasOver, p, ok, err, over)
 	}
-	if !c.over {
-		return nil
-	}
-	return core.Shed(fmt.Sprintf("grant %q is under memory pressure: some avg10 %.2f%% is above the threshold of %g%%", uid, c.p.Memory, limit),
-		a.cfg.Issuer, a.cfg.RetryAfter)
 }
 
-// refreshPressure takes a new reading into c (whose mu the caller holds)
-// and logs what changed: PSI missing (once per agent), a read starting or
-// ceasing to fail, the grant crossing the threshold either way.
-func (a *Agent) refreshPressure(uid string, cg *cgroup.Grant, c *pressureCache, now time.Time) {
-	p, ok, err := a.readPressure(uid, cg)
+// logPressure logs what changed with a new reading: PSI missing (once per
+// agent), a read starting or ceasing to fail, the grant crossing the
+// threshold either way.
+func (a *Agent) logPressure(uid string, wasErr error, wasOver bool, p cgroup.Pressure, ok bool, err error, over bool) {
 	log := a.log.WithValues("grant", uid)
 	switch {
-	case err != nil && c.err == nil:
+	case err != nil && wasErr == nil:
 		log.Error(err, "Cannot read the grant's memory pressure; its Clones are not shed for pressure until it can be read")
-	case err == nil && c.err != nil:
+	case err == nil && wasErr != nil:
 		log.Info("Grant's memory pressure readable again")
 	}
 	if ok && err == nil && !p.HasMemory {
@@ -103,12 +126,10 @@ func (a *Agent) refreshPressure(uid string, cg *cgroup.Grant, c *pressureCache, 
 			log.Info("memory.pressure is absent (no PSI for memory); Clones are not shed for memory pressure")
 		})
 	}
-	over := ok && err == nil && p.HasMemory && p.Memory > a.cfg.PressureThreshold
 	switch {
-	case over && !c.over:
+	case over && !wasOver:
 		log.Info("Grant under memory pressure; shedding its Clones", "someAvg10", p.Memory, "threshold", a.cfg.PressureThreshold)
-	case !over && c.over:
+	case !over && wasOver:
 		log.Info("Grant's memory pressure relieved; serving its Clones", "someAvg10", p.Memory, "threshold", a.cfg.PressureThreshold)
 	}
-	c.at, c.p, c.err, c.over = now, p, err, over
 }

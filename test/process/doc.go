@@ -9,6 +9,16 @@
 // what is missing. It runs fibers in a cgroup v2 subtree named after the test
 // when cgroup v2 is writable, and without cgroups otherwise.
 //
-// It imports pkg/api and pkg/cgroup for their types and helpers only; the
-// daemon is driven through its binaries.
+// TestKill9LeavesNothing kills fiberd with SIGKILL while it serves, in the
+// middle of a burst of Clones, while its zygotes warm and while it drains,
+// and checks that no zygote or fiber outlives it by more than a moment and
+// that nothing of the killed run (what its fibers started included) is
+// alive, nor any of its cgroups left, once a restarted fiberd serves.
+// TestHungTemplateDelaysNobody runs a template that never warms beside the
+// counters and checks that it holds up no other grant and no Clone's
+// deadline.
+//
+// It imports pkg/api, pkg/client and pkg/cgroup for their types and
+// helpers, and internal/devkit to build template specs; the daemon is
+// driven through its binaries, or its API.
 package process

@@ -135,10 +135,11 @@ type fiberd struct {
 	err    error
 }
 
-func startFiberd(t *testing.T, root, bin, state, cgroupRoot string) *fiberd {
+func startFiberd(t *testing.T, root, bin, state, cgroupRoot string, extra ...string) *fiberd {
 	t.Helper()
 	d := &fiberd{bin: bin, socket: filepath.Join(state, "fiberd.sock"), logs: &bytes.Buffer{}, exited: make(chan struct{})}
-	d.cmd = exec.Command(filepath.Join(bin, "fiberd"), "-dev", "-state", state, "-listen", "127.0.0.1:0", "-cgroup-root", cgroupRoot)
+	args := append([]string{"-dev", "-state", state, "-listen", "127.0.0.1:0", "-cgroup-root", cgroupRoot}, extra...)
+	d.cmd = exec.Command(filepath.Join(bin, "fiberd"), args...)
 	d.cmd.Dir = root
 	d.cmd.Stdout = &lockedWriter{w: d.logs}
 	d.cmd.Stderr = d.cmd.Stdout
@@ -262,12 +263,19 @@ func (d *fiberd) ctlJSON(t *testing.T, v any, args ...string) {
 // body.
 func get(t *testing.T, endpoint string) string {
 	t.Helper()
+	return getPath(t, endpoint, "/")
+}
+
+// getPath asks the fiber at endpoint (tcp://host:port) for path and returns
+// the body.
+func getPath(t *testing.T, endpoint, path string) string {
+	t.Helper()
 	addr, ok := strings.CutPrefix(endpoint, "tcp://")
 	if !ok {
 		t.Fatalf("endpoint %q is not tcp:// (fiberd -dev serves inet4)", endpoint)
 	}
 	c := &http.Client{Timeout: 30 * time.Second}
-	resp, err := c.Get("http://" + addr + "/")
+	resp, err := c.Get("http://" + addr + path)
 	if err != nil {
 		t.Fatalf("GET %s: %v", endpoint, err)
 	}

@@ -109,6 +109,54 @@ static void orphan(int c, int own_group)
 	exit(0);
 }
 
+/* Answer body on c and close it. */
+static void reply(int c, const char *body)
+{
+	char out[256];
+	int ol = snprintf(out, sizeof(out),
+			  "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s",
+			  (int)strlen(body), body);
+	if (write(c, out, (size_t)ol) < 0) { /* the client went away */ }
+	close(c);
+}
+
+/* Leave a sleeping child in this fiber's session and group, answer with its
+ * pid and go on serving. */
+static void child(int c)
+{
+	pid_t pid = fork();
+	if (pid == 0) {
+		close(c);
+		close(FZ_LISTEN_FD);
+		sleep(60);
+		_exit(0);
+	}
+	char body[64];
+	if (pid < 0)
+		snprintf(body, sizeof(body), "child=-1\n");
+	else
+		snprintf(body, sizeof(body), "child=%d\n", (int)pid);
+	reply(c, body);
+}
+
+/* Write mib MiB more of this fiber's own memory, kept for life. */
+static long dirtied;
+static void dirty(int c, long mib)
+{
+	char body[64];
+	if (mib > 0) {
+		size_t n = (size_t)mib << 20;
+		volatile unsigned char *m = malloc(n); /* volatile: the writes are the point */
+		if (m) {
+			for (size_t i = 0; i < n; i += 4096)
+				m[i] = 1;
+			dirtied += mib;
+		}
+	}
+	snprintf(body, sizeof(body), "dirty=%ld\n", dirtied);
+	reply(c, body);
+}
+
 static int serve(const char *fence)
 {
 	unsigned long count = 0;
@@ -150,6 +198,14 @@ static int serve(const char *fence)
 			exit(atoi(req + 10));
 		if (strncmp(req, "GET /orphan ", 12) == 0 || strncmp(req, "GET /orphan/pgrp ", 17) == 0)
 			orphan(c, req[11] == '/');
+		if (strncmp(req, "GET /child ", 11) == 0) {
+			child(c);
+			continue;
+		}
+		if (strncmp(req, "GET /dirty/", 11) == 0) {
+			dirty(c, atol(req + 11));
+			continue;
+		}
 		count++;
 		char body[2048], out[4096];
 		int bl = snprintf(body, sizeof(body), "fence=%s pid=%d count=%lu payload=%.1024s cgroup=%s\n", fence,

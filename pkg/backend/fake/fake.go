@@ -225,6 +225,20 @@ func (b *Backend) Exit(fence core.Fence, code int) bool {
 	return true
 }
 
+// End makes running fiber fence end with reason, as when the kernel ends
+// it at its leaf's memory.max (reason.MemoryMax). It reports whether the
+// fiber was running.
+func (b *Backend) End(fence core.Fence, reason backend.ExitReason) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if _, ok := b.fibers[fence]; !ok {
+		return false
+	}
+	delete(b.fibers, fence)
+	b.pushLocked(backend.Exit{GrantUID: fence.GrantUID, Fence: fence, Reason: reason})
+	return true
+}
+
 // DieTemplate makes warm grant uid's zygote die: its fibers end
 // (TemplateDied), then the template's own Exit is queued, and the grant is
 // cold until warmed again. It reports whether the grant was warm.

@@ -158,9 +158,22 @@ static void fz_refuse(struct fz_state *st, const char *fence, const char *why)
 }
 
 /* In the child: the set-up that must happen before user code. Returns 0 or an errno. */
-static int fz_child_setup(struct fz_state *st, int listen_fd, int leaf_fd, const char *fence, const char *hex)
+static int fz_child_setup(struct fz_state *st, pid_t zygote, int listen_fd, int leaf_fd, const char *fence, const char *hex)
 {
 	char buf[32];
+#ifdef __linux__
+	/* A fiber ends with its zygote (which ends with fiberd): SIGKILL when
+	 * the parent dies. The zygote may have died before the prctl; then the
+	 * parent is another process already. (0 is a parent outside this pid
+	 * namespace: nothing to compare with.) */
+	if (prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) < 0)
+		return errno;
+	pid_t pp = getppid();
+	if (pp != zygote && pp != 0)
+		_exit(127);
+#else
+	(void)zygote;
+#endif
 	if (setsid() < 0)
 		return errno;
 	if (leaf_fd >= 0) {
@@ -233,6 +246,7 @@ static void fz_clone(struct fz_state *st, char *args, int *fds, int nfds, fz_fib
 		goto out;
 	}
 	fflush(NULL);
+	pid_t zygote = getpid();
 	pid_t pid = fork();
 	if (pid < 0) {
 		snprintf(why, sizeof(why), "fork: %s", strerror(errno));
@@ -241,7 +255,7 @@ static void fz_clone(struct fz_state *st, char *args, int *fds, int nfds, fz_fib
 	}
 	if (pid == 0) {
 		close(sync[0]);
-		int e = fz_child_setup(st, fds[0], nfds > 1 ? fds[1] : -1, fence, hex);
+		int e = fz_child_setup(st, zygote, fds[0], nfds > 1 ? fds[1] : -1, fence, hex);
 		unsigned char rep[1 + sizeof(int)] = {0};
 		if (e) {
 			rep[0] = 1;

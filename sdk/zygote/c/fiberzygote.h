@@ -13,7 +13,9 @@
  *                     "EXITED <fence> exit:<code>" or
  *                     "EXITED <fence> signal:<SIGNAME>" when the child ended
  *
- * The child, before any user code runs: starts a new session (so the fiber
+ * The child, before any user code runs: on Linux asks for SIGKILL when its
+ * zygote dies (PR_SET_PDEATHSIG; fiberd starts the zygote the same way, so
+ * a fiberd killed with SIGKILL leaves no fiber running), starts a new session (so the fiber
  * and its descendants form one process group), enters the leaf cgroup by
  * writing "0" to its cgroup.procs, moves the listener to descriptor 3, closes
  * the control socket, and sets LISTEN_FDS=1, LISTEN_PID=<its pid>,

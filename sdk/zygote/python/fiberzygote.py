@@ -13,7 +13,10 @@ from then on handles:
                       "EXITED <fence> exit:<code>" or
                       "EXITED <fence> signal:<SIGNAME>" when the child ended
 
-Before any user code runs the child starts a new session (the fiber and its
+Before any user code runs the child, on Linux, asks for SIGKILL when its
+zygote dies (prctl PR_SET_PDEATHSIG through ctypes; fiberd starts the zygote
+the same way, so a fiberd killed with SIGKILL leaves no fiber running), then
+starts a new session (the fiber and its
 descendants form one process group), enters the leaf cgroup by writing "0"
 to its cgroup.procs, moves the listener to descriptor 3 (LISTEN_FD), closes
 the control socket and sets LISTEN_FDS=1, LISTEN_PID=<its pid>, FIBERD_FENCE
@@ -53,7 +56,8 @@ LISTEN_FD = 3
 
 _MSG_MAX = 16384  # a CLONE carries at most 4096 payload bytes as hex
 _MAX_FDS = 4
-_PR_SET_CHILD_SUBREAPER = 36  # <linux/prctl.h>
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+_PR_SET_CHILD_SUBREAPER = 36
 
 
 class NotAZygote(RuntimeError):
@@ -93,19 +97,36 @@ def _signame(n):
         return "SIG%d" % n
 
 
-def _become_subreaper():
+def _prctl():
+    """Return a function calling Linux prctl(option, arg) through ctypes, or
+    None off Linux or without ctypes. Loaded once, in the zygote, so a fiber
+    calls it without importing anything."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        import ctypes
+        libc = ctypes.CDLL(None, use_errno=True)
+        zero = ctypes.c_ulong(0)
+
+        def prctl(option, arg):
+            if libc.prctl(option, ctypes.c_ulong(arg), zero, zero, zero) != 0:
+                raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))
+        return prctl
+    except (ImportError, AttributeError, OSError):
+        return None
+
+
+def _become_subreaper(prctl):
     """Mark this process a child subreaper (Linux prctl PR_SET_CHILD_SUBREAPER),
     so orphans of fibers come to the zygote, whose reap() ends them. Fails
     soft: a note on stderr, and orphans go to fiberd as before."""
     if not sys.platform.startswith("linux"):
         return
     try:
-        import ctypes
-        libc = ctypes.CDLL(None, use_errno=True)
-        one, zero = ctypes.c_ulong(1), ctypes.c_ulong(0)
-        if libc.prctl(_PR_SET_CHILD_SUBREAPER, one, zero, zero, zero) != 0:
-            raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))
-    except (ImportError, AttributeError, OSError) as e:
+        if prctl is None:
+            raise OSError("prctl is not reachable through ctypes")
+        prctl(_PR_SET_CHILD_SUBREAPER, 1)
+    except OSError as e:
         sys.stderr.write("fiberzygote: cannot become a child subreaper (%s); orphans of fibers go to fiberd\n" % e)
 
 
@@ -126,9 +147,10 @@ def _control_socket(fd):
 
 
 class _Zygote:
-    def __init__(self, ctl, on_fiber):
+    def __init__(self, ctl, on_fiber, prctl):
         self.ctl = ctl
         self.on_fiber = on_fiber
+        self.prctl = prctl
         self.kids = {}  # pid -> fence
 
     def send(self, text):
@@ -174,10 +196,11 @@ class _Zygote:
         rsync, wsync = os.pipe2(os.O_CLOEXEC)
         sys.stdout.flush()
         sys.stderr.flush()
+        zygote = os.getpid()
         pid = os.fork()
         if pid == 0:  # the fiber
             os.close(rsync)
-            self._child(fence, hexpayload, payload, fds, wsync, wake)
+            self._child(zygote, fence, hexpayload, payload, fds, wsync, wake)
         os.close(wsync)
         rep = b""
         while True:
@@ -195,8 +218,15 @@ class _Zygote:
         self.kids[pid] = fence
         self.send("CLONED %s %d" % (fence, pid))
 
-    def _child(self, fence, hexpayload, payload, fds, wsync, wake):
+    def _child(self, zygote, fence, hexpayload, payload, fds, wsync, wake):
         try:
+            if self.prctl is not None:
+                # End with the zygote. It may have died before the prctl:
+                # then the parent is another process already (0 is a parent
+                # outside this pid namespace: nothing to compare with).
+                self.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+                if os.getppid() not in (zygote, 0):
+                    os._exit(127)
             os.setsid()
             if len(fds) > 1:
                 f = os.open("cgroup.procs", os.O_WRONLY | os.O_CLOEXEC, dir_fd=fds[1])
@@ -255,8 +285,9 @@ def serve(on_fiber, control_fd=CONTROL_FD):
     from the main thread (it handles SIGCHLD)."""
     ctl = _control_socket(control_fd)
     os.set_inheritable(control_fd, False)
-    _become_subreaper()
-    z = _Zygote(ctl, on_fiber)
+    prctl = _prctl()
+    _become_subreaper(prctl)
+    z = _Zygote(ctl, on_fiber, prctl)
     rwake, wwake = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
     old_handler = signal.signal(signal.SIGCHLD, lambda signum, frame: None)
     old_wakeup = signal.set_wakeup_fd(wwake)

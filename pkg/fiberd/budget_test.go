@@ -1,0 +1,179 @@
+package fiberd
+
+import (
+	"context"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr/testr"
+
+	"fiberd.io/fiberd/internal/devkit"
+	"fiberd.io/fiberd/internal/repotest"
+	"fiberd.io/fiberd/pkg/api"
+	"fiberd.io/fiberd/pkg/backend"
+	"fiberd.io/fiberd/pkg/core"
+	"fiberd.io/fiberd/pkg/endpoint"
+)
+
+func TestParseSmapsField(t *testing.T) {
+	rollup := []byte(`55d1c0a4e000-7ffd4b3f9000 ---p 00000000 00:00 0                          [rollup]
+Rss:                5120 kB
+Pss:                1210 kB
+Private_Clean:       100 kB
+Private_Dirty:      1084 kB
+Swap:                  0 kB
+`)
+	if n, err := parseSmapsField(rollup, "Private_Dirty"); err != nil || n != 1084<<10 {
+		t.Fatalf("Private_Dirty = %d, %v; want %d", n, err, 1084<<10)
+	}
+	if n, err := parseSmapsField(nil, "Private_Dirty"); err != nil || n != 0 {
+		t.Fatalf("empty file = %d, %v; want 0 (a zombie's)", n, err)
+	}
+	for _, bad := range []string{"Rss: 1 kB\n", "Private_Dirty: lots kB\n", "Private_Dirty: 12 MB\n", "Private_Dirty: -1 kB\n"} {
+		if _, err := parseSmapsField([]byte(bad), "Private_Dirty"); err == nil {
+			t.Errorf("%q parsed", bad)
+		}
+	}
+}
+
+// fiberGet asks the fiber at a unix or tcp endpoint for path.
+func fiberGet(t *testing.T, ep, path string) string {
+	t.Helper()
+	network, addr, err := endpoint.Parse(ep)
+	must(t, err)
+	tr := &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, network, addr)
+	}, DisableKeepAlives: true}
+	resp, err := (&http.Client{Transport: tr, Timeout: 30 * time.Second}).Get("http://fiber" + path)
+	must(t, err)
+	defer resp.Body.Close()
+	var b strings.Builder
+	buf := make([]byte, 512)
+	for {
+		n, err := resp.Body.Read(buf)
+		b.Write(buf[:n])
+		if err != nil {
+			break
+		}
+	}
+	return b.String()
+}
+
+// TestWBudgetMeasured runs the C counter on the real proc backend, here
+// where no memory controller enforces a budget (none is configured): a
+// fiber that dirties more than its grant's wBudget is ended by the agent's
+// measurement, and says so in the grant's status, its exit reason and the
+// metrics; a fiber within its budget runs on.
+func TestWBudgetMeasured(t *testing.T) {
+	root := repotest.Root(t)
+	if _, err := os.Stat("/proc/self/smaps_rollup"); err != nil {
+		t.Skipf("no /proc/<pid>/smaps_rollup here (Linux 4.14 and later): %v", err)
+	}
+	bin, err := devkit.BuildCounterC(root, t.TempDir())
+	if err != nil {
+		t.Skipf("cannot build the C counter: %v", err)
+	}
+	proc, err := backend.NewProc(backend.Config{Logger: testr.New(t)})
+	must(t, err)
+	var ref string
+	e := newEnv(t, func(e *env) {
+		_ = e.warm.Close()
+		e.warm = nil
+		e.cfg.Warm = proc
+		ref = writeTemplate(t, e.cfg.Templates, "counter", `{"command":"`+bin+`","zygote":true}`)
+	})
+	const budget = 8 << 20
+	tok := e.mint("g1", templ(ref), func(g *core.Grant) { g.WBudget = budget })
+	big := e.cloneReq(e.unix, api.CloneRequest{Grant: tok}).clone(t)
+	small := e.cloneReq(e.unix, api.CloneRequest{GrantUID: "g1"}).clone(t)
+	if got := fiberGet(t, big.Endpoint, "/dirty/24"); !strings.Contains(got, "dirty=24") {
+		t.Fatalf("GET /dirty/24 answered %q", got)
+	}
+	if got := fiberGet(t, small.Endpoint, "/dirty/2"); !strings.Contains(got, "dirty=2") {
+		t.Fatalf("GET /dirty/2 answered %q", got)
+	}
+	var g api.GrantStatus
+	e.eventuallyStepping("the fiber over its budget ended", DefaultBudgetInterval, func() bool {
+		g = e.status().Grants[0]
+		return g.OverBudget == 1 && g.Running == 1
+	})
+	if g.WBudget != budget || g.WBudgetBy != "measured" {
+		t.Errorf("status wBudget %d by %q, want %d measured", g.WBudget, g.WBudgetBy, budget)
+	}
+	if len(g.Exits) != 1 || g.Exits[0].FiberID != big.FiberID || !strings.HasPrefix(g.Exits[0].Reason, "over wBudget: dirtied 2") {
+		t.Errorf("status exits %+v, want %s ended over its wBudget", g.Exits, big.FiberID)
+	}
+	if len(g.Fibers) != 1 || g.Fibers[0].FiberID != small.FiberID {
+		t.Errorf("running %+v, want only %s, within its budget", g.Fibers, small.FiberID)
+	}
+	m := e.do(e.tcp, http.MethodGet, "/metrics", nil)
+	if !regexp.MustCompile(`fiberd_fiber_exits_total\{reason="over_wbudget"\} 1\n`).Match(m.body) {
+		t.Errorf("metrics lack one over_wbudget exit:\n%s", m.body)
+	}
+	if got := fiberGet(t, small.Endpoint, "/"); !strings.Contains(got, "fence="+small.FiberID) {
+		t.Errorf("the fiber within its budget answered %q", got)
+	}
+}
+
+// TestWBudgetCgroup: where the grant's cgroup has the memory controller,
+// each fiber's leaf gets memory.max = wBudget and memory.high below it, the
+// agent does not measure the fiber, and a fiber the kernel ended at its
+// memory.max reads "over wBudget" in the status. The cgroupfs is laid out
+// in a temporary directory (regular files stand in for the kernel's).
+func TestWBudgetCgroup(t *testing.T) {
+	root := t.TempDir()
+	lay := func(dir string, files map[string]string) {
+		must(t, os.MkdirAll(dir, 0o755))
+		for name, content := range files {
+			must(t, os.WriteFile(filepath.Join(dir, name), []byte(content), 0o644))
+		}
+	}
+	cg := map[string]string{"cgroup.procs": "", "cgroup.controllers": "memory", "cgroup.subtree_control": "memory"}
+	lay(root, cg)
+	lay(filepath.Join(root, "g1"), cg)
+	lay(filepath.Join(root, "g1", "zygote"), nil)
+	leaf := filepath.Join(root, "g1", "f-1-1")
+	lay(leaf, map[string]string{"cgroup.procs": "", "memory.max": "", "memory.high": "", "memory.oom.group": ""})
+
+	var measured atomic.Int32
+	e := newEnv(t, withHome(func(h *fakeHome) { h.cgroup = root }), func(e *env) {
+		e.measure = func(pids []int) (int64, error) { measured.Add(1); return 1 << 40, nil }
+	})
+	const budget = 16 << 20
+	c := e.cloneReq(e.unix, api.CloneRequest{Grant: e.mint("g1", func(g *core.Grant) { g.WBudget = budget })}).clone(t)
+	if c.Fence.Epoch != 1 || c.Fence.Seq != 1 {
+		t.Fatalf("fiber %s, want g1/1/1 (the leaf laid out)", c.FiberID)
+	}
+	for name, want := range map[string]string{"memory.max": "16777216", "memory.high": "14680064", "memory.oom.group": "1"} {
+		b, err := os.ReadFile(filepath.Join(leaf, name))
+		if err != nil || string(b) != want {
+			t.Errorf("%s = %q, %v; want %q", name, b, err, want)
+		}
+	}
+	for i := 0; i < 5; i++ {
+		e.clk.Step(DefaultBudgetInterval)
+	}
+	time.Sleep(50 * time.Millisecond)
+	if g := e.status().Grants[0]; g.Running != 1 || g.WBudgetBy != "cgroup" {
+		t.Fatalf("status %+v: want the fiber running, its budget enforced by its cgroup", g)
+	}
+	if !e.warm.End(c.Fence, backend.ExitReason{Signal: "SIGKILL", MemoryMax: true}) {
+		t.Fatal("fake: fiber not running")
+	}
+	var g api.GrantStatus
+	e.eventually("the fiber's end recorded", func() bool { g = e.status().Grants[0]; return g.OverBudget == 1 })
+	if len(g.Exits) != 1 || !strings.Contains(g.Exits[0].Reason, "memory.max") {
+		t.Errorf("status exits %+v, want one over wBudget at memory.max", g.Exits)
+	}
+	if n := measured.Load(); n != 0 {
+		t.Errorf("a fiber whose leaf enforces its budget was measured %d times", n)
+	}
+}

@@ -1,0 +1,294 @@
+package procrec
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"fiberd.io/fiberd/pkg/cgroup"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+func linuxOnly(t *testing.T) {
+	t.Helper()
+	if runtime.GOOS != "linux" {
+		t.Skip("records are swept on Linux only")
+	}
+}
+
+// started is a process the test started, in a session of its own.
+type started struct {
+	cmd   *exec.Cmd
+	pid   int
+	start uint64
+	stdin interface{ Close() error }
+}
+
+// startSession starts sh -c script as the leader of a new session.
+func startSession(t *testing.T, script string) *started {
+	t.Helper()
+	cmd := exec.Command("/bin/sh", "-c", script)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Skipf("cannot start /bin/sh: %v", err)
+	}
+	t.Cleanup(func() {
+		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+	})
+	st, err := ReadStat(cmd.Process.Pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &started{cmd: cmd, pid: cmd.Process.Pid, start: st.Start, stdin: in}
+}
+
+// members lists the live processes of session sid, waiting until there are
+// at least want of them.
+func members(t *testing.T, sid, want int) []int {
+	t.Helper()
+	for i := 0; ; i++ {
+		var out []int
+		for pid, st := range scanProc() {
+			if st.Session == sid && !st.Zombie {
+				out = append(out, pid)
+			}
+		}
+		if len(out) >= want || i == 500 {
+			return out
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// running reports whether pid runs as the process that started at start.
+func running(pid int, start uint64) bool {
+	st, err := ReadStat(pid)
+	return err == nil && st.Start == start && !st.Zombie
+}
+
+func sweep(t *testing.T, d *Dir) Swept {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	sw, err := d.Sweep(ctx)
+	if err != nil {
+		t.Fatalf("Sweep: %v", err)
+	}
+	return sw
+}
+
+// TestSweepEndsRecordedSessions: a recorded process is killed with every
+// member of its session, also when the recorded process itself is gone
+// (its children live on in the session); a process outside the session,
+// and one whose pid a record names with another start time, are left
+// alone. The records are removed.
+func TestSweepEndsRecordedSessions(t *testing.T) {
+	linuxOnly(t)
+	d, err := Open(filepath.Join(t.TempDir(), "procs"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	alive := startSession(t, "sleep 60 & sleep 60 & read x")
+	dead := startSession(t, "sleep 60 & sleep 60 & read x")
+	other := startSession(t, "read x")
+	for _, s := range []*started{alive, dead} {
+		if _, err := d.AddProcess(s.pid, s.start); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A record of the same pid as other, but of an earlier process.
+	if _, err := d.AddProcess(other.pid, other.start-1); err != nil {
+		t.Fatal(err)
+	}
+	aliveMembers := members(t, alive.pid, 3)
+	deadMembers := members(t, dead.pid, 3)
+	// The leader of "dead" ends; its sleeping children stay in its session.
+	dead.stdin.Close()
+	_ = dead.cmd.Wait() // read fails at EOF: sh exits 1
+	if got := members(t, dead.pid, 2); len(got) != 2 {
+		t.Fatalf("session of the dead leader has %v, want its two sleeps", got)
+	}
+
+	sw := sweep(t, d)
+	if sw.Records != 3 || sw.Processes != 5 {
+		t.Errorf("Sweep = %+v, want 3 records and 5 processes killed (sh and two sleeps, two orphaned sleeps)", sw)
+	}
+	for _, pid := range append(aliveMembers, deadMembers...) {
+		if st, err := ReadStat(pid); err == nil && !st.Zombie {
+			t.Errorf("process %d of a recorded session still runs", pid)
+		}
+	}
+	if !running(other.pid, other.start) {
+		t.Error("a process whose pid a record names with another start time was killed")
+	}
+	if left, _ := os.ReadDir(d.Path()); len(left) != 0 {
+		t.Errorf("records left after the sweep: %v", left)
+	}
+}
+
+// TestSweepForgetsWhatIsGone: records of ended processes, malformed names
+// and leftover temporary files are removed without killing anything; a nil
+// Dir records and sweeps nothing.
+func TestSweepForgetsWhatIsGone(t *testing.T) {
+	linuxOnly(t)
+	d, err := Open(filepath.Join(t.TempDir(), "procs"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := startSession(t, "exit 0")
+	_ = s.cmd.Wait()
+	rec, err := d.AddProcess(s.pid, s.start)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, junk := range []string{"p-x-1", "p-12", ".c-g.tmp-123", "c-empty"} {
+		if err := os.WriteFile(filepath.Join(d.Path(), junk), nil, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if sw := sweep(t, d); sw.Processes != 0 || sw.Cgroups != 0 {
+		t.Errorf("Sweep = %+v, want nothing killed", sw)
+	}
+	if left, _ := os.ReadDir(d.Path()); len(left) != 0 {
+		t.Errorf("records left: %v", left)
+	}
+	if err := rec.Remove(); err != nil {
+		t.Errorf("removing a record already swept: %v", err)
+	}
+
+	var none *Dir
+	if r, err := none.AddProcess(1, 1); err != nil || r != (Record{}) {
+		t.Errorf("nil Dir AddProcess = %+v, %v", r, err)
+	}
+	if sw, err := none.Sweep(context.Background()); err != nil || sw != (Swept{}) {
+		t.Errorf("nil Dir Sweep = %+v, %v", sw, err)
+	}
+}
+
+// TestRecordRemove: a removed record is not swept.
+func TestRecordRemove(t *testing.T) {
+	linuxOnly(t)
+	d, err := Open(filepath.Join(t.TempDir(), "procs"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := startSession(t, "read x")
+	rec, err := d.AddProcess(s.pid, s.start)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := rec.Remove(); err != nil {
+		t.Fatal(err)
+	}
+	sweep(t, d)
+	if !running(s.pid, s.start) {
+		t.Fatal("a process whose record was removed was killed")
+	}
+}
+
+// TestSweepCgroup: a recorded cgroup is killed whole and removed. It needs
+// a writable cgroup v2 hierarchy.
+func TestSweepCgroup(t *testing.T) {
+	linuxOnly(t)
+	mount, err := cgroup.Mount()
+	if err != nil {
+		t.Skipf("no cgroup v2 here: %v", err)
+	}
+	dir := filepath.Join(mount, fmt.Sprintf("fiberd-procrec-test-%d", os.Getpid()))
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Skipf("cgroup v2 is not writable here: %v", err)
+	}
+	t.Cleanup(func() {
+		_ = os.WriteFile(filepath.Join(dir, "cgroup.kill"), []byte("1"), 0)
+		for i := 0; i < 100 && os.Remove(dir) != nil; i++ {
+			time.Sleep(10 * time.Millisecond)
+		}
+	})
+	f, err := os.Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	cmd := exec.Command("/bin/sh", "-c", "sleep 60 & sleep 60")
+	cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: int(f.Fd()), Setsid: true}
+	if err := cmd.Start(); err != nil {
+		t.Skipf("cannot start a process in a cgroup: %v", err)
+	}
+	defer cmd.Wait()
+	d, err := Open(filepath.Join(t.TempDir(), "procs"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.AddCgroup("g1", dir); err != nil {
+		t.Fatal(err)
+	}
+	if sw := sweep(t, d); sw.Cgroups != 1 {
+		t.Errorf("Sweep = %+v, want one cgroup", sw)
+	}
+	if _, err := os.Stat(dir); !os.IsNotExist(err) {
+		t.Errorf("recorded cgroup %s still exists: %v", dir, err)
+	}
+	if _, err := d.AddCgroup("../x", dir); err == nil {
+		t.Error("AddCgroup accepted a name with a slash")
+	}
+}
+
+func TestParseStat(t *testing.T) {
+	line := "1234 (a b) c (d)) S 1 1234 1234 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 98765 1000 100 18446744073709551615"
+	st, err := ParseStat([]byte(line))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.PPid != 1 || st.Session != 1234 || st.Start != 98765 || st.Zombie {
+		t.Fatalf("ParseStat = %+v", st)
+	}
+	if _, err := ParseStat([]byte("1234 (x) S 1 2")); err == nil {
+		t.Fatal("a short stat parsed")
+	}
+	z := strings.Replace(line, ") S ", ") Z ", 1)
+	if st, _ := ParseStat([]byte(z)); !st.Zombie {
+		t.Fatal("state Z not seen as a zombie")
+	}
+	self, err := ReadStat(os.Getpid())
+	if err != nil || self.PPid != os.Getppid() {
+		t.Fatalf("ReadStat(self) = %+v, %v; ppid %d", self, err, os.Getppid())
+	}
+}
+
+// TestSweepOutrunsAForkingSession: a recorded process that keeps forking
+// while the sweep runs leaves nothing behind: the sweep scans again after
+// each round of kills.
+func TestSweepOutrunsAForkingSession(t *testing.T) {
+	linuxOnly(t)
+	d, err := Open(filepath.Join(t.TempDir(), "procs"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := startSession(t, "while :; do sleep 60 & sleep 0.002; done")
+	members(t, s.pid, 5)
+	if _, err := d.AddProcess(s.pid, s.start); err != nil {
+		t.Fatal(err)
+	}
+	sweep(t, d)
+	if left := members(t, s.pid, 0); len(left) != 0 {
+		t.Fatalf("session of a forking process still has %v after the sweep", left)
+	}
+}

@@ -1,0 +1,39 @@
+// Package conformance is one suite of the agent's promises, run against
+// every home and backend: a new home or backend passes it before it is
+// called done. Each promise runs on a fresh agent (pkg/fiberd, on the real
+// clock) with a fresh home and backend:
+//
+//   - idempotent session attach: Clones of a running session attach to its
+//     fiber, a burst of them makes one fiber;
+//   - fences strictly increasing: in the agent's epoch, across refusals
+//     (which mint none) and a revocation and redelivery;
+//   - epoch bump ends every fiber: at a restart, and at run time (the admin
+//     socket's POST /scope-lost, in a testhooks build); old ids answer 404;
+//   - revocation by lease end: the grant is yielded, its fibers end, its
+//     Clones miss, the home is told it is not ready;
+//   - admission completeness: every delivered grant is warmed, a Clone's
+//     token is admitted, a forged one is 401, a template the node lacks is
+//     a miss naming it, a removed grant is refused by token;
+//   - W budget: a fiber over its grant's wBudget is ended, the reason in
+//     the status, its exit and the metrics;
+//   - tier floor: a grant above the tier its template is served at is a
+//     412, never served lower;
+//   - device budget: a template gets the devices its grant asks for, and a
+//     grant asking for more than the home offers is a miss;
+//   - zygote loss: its fibers end ("template died"), the grant is warmed
+//     again and served (backends with zygotes);
+//   - scope loss: a home's own signal bumps the epoch, ending every fiber,
+//     grants stay warm (homes with a scope).
+//
+// The homes: the fake home (pkg/home/fake), the standalone home (its file
+// lane, without cgroups) and, in the integration build, the Kubernetes home
+// of a grant Pod on a real kube-apiserver (test/kubeapi), carving a cgroup
+// v2 subtree. The backends: the fake (pkg/backend/fake), proc (WARM) and
+// exec (BASIC) running the C counter of examples/templates. Run it with
+// `make conformance` (every home and backend, testhooks and integration
+// builds); `go test ./test/conformance` runs it without the Kubernetes home
+// and without the run-time epoch bump.
+//
+// Nothing imports it; it imports the agent, the homes, the backends and
+// their fakes, pkg/client, and test/kubeapi in the integration build.
+package conformance
