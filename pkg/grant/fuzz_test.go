@@ -33,7 +33,7 @@ func fuzzSeeds(f *testing.F) (edKey, ecKey jose.JSONWebKey) {
 		string(signCrit(f, edKey, payload, "b64")),
 		string(signCrit(f, edKey, payload, "a", "b", "c", "d", "e", "f")),
 		string(unsigned(map[string]any{"alg": "EdDSA", "kid": "k-ed", "crit": []any{1, "\x1b[2J"}}, goodClaims(), "AA")),
-		b64([]byte(`{"` + strings.Repeat("n", 600) + `":1,"` + strings.Repeat("n", 600) + `":2}`)) + ".e30.AA",
+		b64([]byte(`{"`+strings.Repeat("n", 600)+`":1,"`+strings.Repeat("n", 600)+`":2}`)) + ".e30.AA",
 		string(unsigned(map[string]any{"alg": "none", "kid": "k-ed"}, goodClaims(), "")),
 		string(unsigned(map[string]any{"alg": "EdDSA", "kid": "k-ed"}, map[string]any{"jti": "x", "grant": map[string]any{"fibers": map[string]any{"max": 1e300}}}, "AA")),
 		"eyJhbGciOiJFZERTQSIsImtpZCI6ImstZWQifQ." + b64([]byte(`{"jti":"a","iat":1e999,"exp":-1}`)) + ".AA",
