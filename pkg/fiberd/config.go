@@ -71,6 +71,11 @@ type Config struct {
 	// MaxLease, when positive, refuses tokens whose lease is longer. Zero
 	// (the default) accepts any lease.
 	MaxLease time.Duration
+	// ClockSkew is how far the issuer's clock may run ahead of this home's
+	// (-clock-skew): a token whose iat is more than ClockSkew in the future
+	// is refused (401), as is one whose nbf is more than ClockSkew away.
+	// Default grant.DefaultLeeway (one minute).
+	ClockSkew time.Duration
 
 	// Templates is the directory of template specs (-templates), one
 	// <name>.json per template. Required.
@@ -174,6 +179,11 @@ type Config struct {
 	// the global one).
 	Registry *prometheus.Registry
 
+	// Limits bound what one client may cost the API and admin listeners:
+	// timeouts and a cap on open connections. Each zero field takes its
+	// default (see Limits).
+	Limits Limits
+
 	// AdminUnsafe enables the admin socket's test-only routes POST /issuer
 	// and POST /scope-lost (-admin-unsafe). Validate refuses it unless the
 	// binary was built with the testhooks tag (see TestHooks). Default
@@ -216,6 +226,10 @@ func (c Config) withDefaults() Config {
 	if c.Registry == nil {
 		c.Registry = prometheus.NewRegistry()
 	}
+	if c.ClockSkew == 0 {
+		c.ClockSkew = grant.DefaultLeeway
+	}
+	c.Limits = c.Limits.withDefaults()
 	return c
 }
 
@@ -238,6 +252,8 @@ func (c Config) Validate() error {
 		return bad("Keys is nil: pass a *grant.Cache or a *grant.StaticKeys (-issuer-keys)")
 	case c.MaxLease < 0:
 		return bad("MaxLease %v is negative: use 0 for no limit", c.MaxLease)
+	case c.ClockSkew < 0:
+		return bad("ClockSkew %v is negative: use 0 for the default %v", c.ClockSkew, grant.DefaultLeeway)
 	case c.Templates == "":
 		return bad("Templates is empty: set -templates to the directory of template specs")
 	case c.Warm == nil && c.Basic == nil:
@@ -262,6 +278,9 @@ func (c Config) Validate() error {
 		return bad("ReapInterval %v is negative: use 0 for the default %v", c.ReapInterval, DefaultReapInterval)
 	case c.AdminUnsafe && !TestHooks:
 		return bad("AdminUnsafe is set but this binary was built without the testhooks tag: drop -admin-unsafe")
+	}
+	if err := c.Limits.validate(); err != nil {
+		return bad("%v", err)
 	}
 	if c.EndpointFamily != endpoint.Unix {
 		if err := c.PortRange.Validate(); err != nil {

@@ -178,9 +178,10 @@ type env struct {
 	basic    *fake.Backend
 	keys     *switchKeys
 	signer   *grant.Signer
-	other    *grant.Signer // a key the agent does not trust
-	zygote   string        // template ref of a zygote template
-	plain    string        // template ref of a non-zygote template
+	key      jose.JSONWebKey // signer's private key
+	other    *grant.Signer   // a key the agent does not trust
+	zygote   string          // template ref of a zygote template
+	plain    string          // template ref of a non-zygote template
 	cfg      Config
 	agent    *Agent
 	tcp      *http.Client
@@ -222,6 +223,7 @@ func newEnv(t *testing.T, opts ...envOption) *env {
 	must(t, err)
 	e.signer, err = grant.NewSigner(key)
 	must(t, err)
+	e.key = key
 	jwks, err := grant.PublicJWKS(key)
 	must(t, err)
 	static, err := grant.NewStaticKeys(jwks)
@@ -418,6 +420,9 @@ func (e *env) do(c *http.Client, method, path string, body io.Reader) reply {
 	}
 	req, err := http.NewRequest(method, base+path, body)
 	must(e.t, err)
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
 	resp, err := c.Do(req)
 	must(e.t, err)
 	defer resp.Body.Close()
