@@ -2,10 +2,12 @@ package fiberd
 
 import (
 	"bufio"
+	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/base64"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -18,6 +20,8 @@ import (
 	"github.com/go-jose/go-jose/v4"
 
 	"fiberd.io/fiberd/pkg/api"
+	"fiberd.io/fiberd/pkg/client"
+	"fiberd.io/fiberd/pkg/core"
 )
 
 // browserRequest is a request as a browser sends it, header for header
@@ -279,12 +283,12 @@ func TestUnauthenticatedCallersCannotActOnOthersFibers(t *testing.T) {
 			a := e.call(owner, http.MethodPost, "/v1/clone", api.CloneRequest{GrantUID: "g1", Session: "owner-secret"}).clone(t)
 			b := e.call(owner, http.MethodPost, "/v1/clone", api.CloneRequest{GrantUID: "g2"}).clone(t)
 			if a.ReleaseKey == "" || a.ReleaseKey == b.ReleaseKey {
-				t.Fatalf("release keys %q and %q: want one per fiber", a.ReleaseKey, b.ReleaseKey)
+				t.Errorf("release keys %q and %q: want one per fiber", a.ReleaseKey, b.ReleaseKey)
 			}
 			// An attach on l answers the same fiber and key.
 			if at := e.call(l, http.MethodPost, "/v1/clone", api.CloneRequest{GrantUID: "g1", Session: "owner-secret"}); at.status != 200 ||
 				at.clone(t).FiberID != a.FiberID || at.clone(t).ReleaseKey != a.ReleaseKey {
-				t.Fatalf("attach on %s: %d %s", l.name, at.status, at.body)
+				t.Errorf("attach on %s: %d %s", l.name, at.status, at.body)
 			}
 
 			st := e.call(l, http.MethodGet, "/v1/status", nil)
@@ -419,4 +423,33 @@ func (e *env) signCrit(token string, crit ...string) string {
 	out, err := jws.CompactSerialize()
 	must(e.t, err)
 	return out
+}
+
+// TestClientOnThePlaintextListener: pkg/client, as fiberctl uses it, works
+// with the rule on a plaintext listener: its requests pass the browser
+// guard, Clone answers a release key, a release by id alone is refused
+// and one with the key ends the fiber, and the status is redacted.
+func TestClientOnThePlaintextListener(t *testing.T) {
+	e := newEnv(t)
+	uid := e.deliver(e.mint("g1"))
+	c, err := client.New(client.Config{Addr: e.agent.Addr().String()})
+	must(t, err)
+	ctx := context.Background()
+	resp, err := c.Clone(ctx, api.CloneRequest{GrantUID: uid, Session: "s"})
+	if err != nil || resp.ReleaseKey == "" {
+		t.Fatalf("Clone = %+v, %v; want a fiber with a release key", resp, err)
+	}
+	if err := c.Release(ctx, resp.FiberID); !errors.Is(err, core.ErrUnauthenticated) {
+		t.Errorf("Release by id = %v, want unauthenticated", err)
+	}
+	st, err := c.Status(ctx)
+	if err != nil || !st.Redacted || len(st.Grants) != 1 || st.Grants[0].Running != 1 || st.Grants[0].Fibers != nil {
+		t.Errorf("Status = %+v, %v; want redacted, one running", st, err)
+	}
+	if err := c.ReleaseFiber(ctx, api.FiberRequest{FiberID: resp.FiberID, ReleaseKey: resp.ReleaseKey}); err != nil {
+		t.Errorf("ReleaseFiber with the key: %v", err)
+	}
+	if st := e.status(); st.Grants[0].Running != 0 {
+		t.Errorf("%d fibers still run after the release", st.Grants[0].Running)
+	}
 }
