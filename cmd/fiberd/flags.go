@@ -43,6 +43,7 @@ type options struct {
 	issuerCAFile          string
 	jwksMaxStale          time.Duration
 	maxLease              time.Duration
+	clockSkew             time.Duration
 	grantsDir, templates  string
 	endpointFamily        endpoint.Family
 	endpointHost          string
@@ -107,6 +108,7 @@ func parseFlags(args []string, env environ, usage io.Writer) (options, error) {
 	fs.StringVar(&o.issuerCAFile, "issuer-ca-file", "", "PEM CA bundle the issuer's discovery and JWKS certificates must chain to (default -grant-ca-file, else the system roots)")
 	fs.DurationVar(&o.jwksMaxStale, "jwks-max-stale", grant.DefaultMaxStale, "how old the issuer's keys may grow before tokens are unverifiable (SHED)")
 	fs.DurationVar(&o.maxLease, "max-lease", 0, "refuse grants with a longer lease (0: any)")
+	fs.DurationVar(&o.clockSkew, "clock-skew", grant.DefaultLeeway, "how far the issuer's clock may run ahead: grants issued (iat) further in the future are refused")
 	fs.StringVar(&o.grantsDir, "grants-dir", "", "directory polled for *.jwt grant files (empty: grants arrive only inside Clone requests; under -dev <state>/grants)")
 	fs.StringVar(&o.templates, "templates", "", "directory of template specs, one <name>.json each (under -dev: default <state>/templates, written from examples/templates; given, -dev mints a grant per spec in it)")
 	family := fs.String("endpoint-family", "", "how fibers are reached: unix, inet4 or inet6 (default unix; inet4 under -dev and -home kubernetes)")
@@ -200,7 +202,7 @@ func (o *options) check(set map[string]bool, env environ) error {
 	for _, d := range []struct {
 		name string
 		v    time.Duration
-	}{{"jwks-max-stale", o.jwksMaxStale}, {"max-lease", o.maxLease}, {"stale-ttl", o.staleTTL}} {
+	}{{"jwks-max-stale", o.jwksMaxStale}, {"max-lease", o.maxLease}, {"stale-ttl", o.staleTTL}, {"clock-skew", o.clockSkew}} {
 		if d.v < 0 {
 			return bad(d.name, "%v is negative", d.v)
 		}
@@ -210,6 +212,9 @@ func (o *options) check(set map[string]bool, env environ) error {
 	}
 	if o.staleTTL == 0 {
 		return bad("stale-ttl", "must be positive")
+	}
+	if o.clockSkew == 0 {
+		return bad("clock-skew", "must be positive (a token's iat is whole seconds; 1s tolerates clocks in step)")
 	}
 	if o.thrashRate <= 0 {
 		return bad("thrash-rate", "%v is not positive", o.thrashRate)

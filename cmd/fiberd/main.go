@@ -179,6 +179,7 @@ func build(ctx context.Context, o options, log logr.Logger) (*fiberd.Agent, erro
 		NodeID:                   o.nodeID,
 		Keys:                     keys,
 		MaxLease:                 o.maxLease,
+		ClockSkew:                o.clockSkew,
 		Templates:                o.templates,
 		Warm:                     warm,
 		Basic:                    basic,
