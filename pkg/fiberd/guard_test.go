@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"mime"
 	"net"
 	"net/http"
 	"path/filepath"
@@ -452,4 +453,59 @@ func TestClientOnThePlaintextListener(t *testing.T) {
 	if st := e.status(); st.Grants[0].Running != 0 {
 		t.Errorf("%d fibers still run after the release", st.Grants[0].Running)
 	}
+}
+
+// FuzzBrowserCheck feeds arbitrary Host, Origin, Sec-Fetch-Site and
+// Content-Type headers to the guard of a plaintext loopback listener on
+// 127.0.0.1:8484. It must not panic; what it lets through names the
+// listener (its address or localhost, port 8484), is same-origin or
+// carries no Origin, and is a JSON POST; a refusal quotes the headers
+// short, never raw.
+func FuzzBrowserCheck(f *testing.F) {
+	for _, s := range [][4]string{
+		{"127.0.0.1:8484", "", "", "application/json"},
+		{"localhost:8484", "http://localhost:8484", "same-origin", "application/json; charset=utf-8"},
+		{"attacker.example:8484", "http://attacker.example:8484", "same-origin", "application/json"},
+		{"127.0.0.1:8484", "http://attacker.example", "cross-site", "text/plain;charset=UTF-8"},
+		{"127.0.0.1:8484", "null", "", "application/x-www-form-urlencoded"},
+		{"[::1]:8484", "", "", "application/json"},
+		{"127.0.0.1", "", "none", "application/json"},
+		{"127.0.0.1:08484", "http://127.0.0.1:8484/", "", "application/json"},
+		{"LOCALHOST:8484", "http://user@localhost:8484", "", "APPLICATION/JSON"},
+		{"127.0.0.1:8484\x1b[2J", "\x00", "\n", "\xff"},
+	} {
+		f.Add(s[0], s[1], s[2], s[3])
+	}
+	local := &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 8484}
+	f.Fuzz(func(t *testing.T, host, origin, site, ctype string) {
+		r := &http.Request{Method: http.MethodPost, Host: host, Header: http.Header{}}
+		for k, v := range map[string]string{"Origin": origin, "Sec-Fetch-Site": site, "Content-Type": ctype} {
+			if v != "" {
+				r.Header.Set(k, v)
+			}
+		}
+		status, err := browserCheck(r, local, true)
+		if err != nil {
+			if status != http.StatusForbidden && status != http.StatusUnsupportedMediaType {
+				t.Fatalf("refused with status %d: %v", status, err)
+			}
+			if msg := err.Error(); len(msg) > 512 || strings.ContainsAny(msg, "\x00\x1b\n\r") {
+				t.Fatalf("refusal not short and escaped: %q", msg)
+			}
+			return
+		}
+		name, port, perr := net.SplitHostPort(host)
+		if perr != nil || port != "8484" || (name != "127.0.0.1" && !strings.EqualFold(name, "localhost")) {
+			t.Fatalf("served Host %q", host)
+		}
+		if origin != "" && !strings.EqualFold(strings.TrimSuffix(origin, "/"), "http://"+host) {
+			t.Fatalf("served Origin %q for Host %q", origin, host)
+		}
+		if site != "" && site != "same-origin" && site != "none" {
+			t.Fatalf("served Sec-Fetch-Site %q", site)
+		}
+		if mt, _, err := mime.ParseMediaType(ctype); err != nil || mt != "application/json" {
+			t.Fatalf("served Content-Type %q", ctype)
+		}
+	})
 }
