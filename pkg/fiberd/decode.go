@@ -11,7 +11,6 @@ import (
 	"reflect"
 	"strings"
 	"sync"
-	"time"
 
 	"fiberd.io/fiberd/pkg/api"
 	"fiberd.io/fiberd/pkg/core"
@@ -24,9 +23,11 @@ var errTooLarge = errors.New("request body too large")
 // declared Content-Length over the cap is refused before a byte is read;
 // an undeclared one is cut by http.MaxBytesReader at the cap. Both wrap
 // errTooLarge. The body must arrive within the read deadline deadlines set
-// (Limits.BodyTimeout), else errBodyTimeout (408); readBody lifts that
-// deadline once the body is read whole, so a long Clone keeps its context.
-// On any failure the connection is closed after the answer.
+// (Limits.BodyTimeout), else errBodyTimeout (408). Once the body is read
+// whole, net/http's background read of the connection starts and lifts that
+// deadline itself, so a long Clone keeps its context
+// (TestLongCloneOutlivesBodyTimeout holds it to that). On any failure the
+// connection is closed after the answer.
 func readBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {
 	if r.ContentLength > api.MaxRequestBody {
 		w.Header().Set("Connection", "close")
@@ -45,7 +46,6 @@ func readBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {
 		}
 		return nil, fmt.Errorf("reading the request body: %v: %w", err, core.ErrInvalid)
 	}
-	_ = http.NewResponseController(w).SetReadDeadline(time.Time{})
 	return b, nil
 }
 

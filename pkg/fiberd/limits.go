@@ -43,7 +43,8 @@ type Limits struct {
 	// BodyTimeout bounds reading a request's body, from the end of its
 	// headers to its last byte: a body still incomplete is answered 408
 	// and its connection closed. It also bounds the GET routes but
-	// /v1/watch, which have no body. Default DefaultBodyTimeout (10 s).
+	// /v1/watch, which have no body (their context ends when it passes).
+	// Default DefaultBodyTimeout (10 s).
 	BodyTimeout time.Duration
 	// WriteTimeout bounds writing an answer, from the end of the request's
 	// headers; a Clone gets its deadline (Config.CloneDeadline, or the
@@ -128,14 +129,16 @@ func (a *Agent) server(ln net.Listener, h http.Handler, authenticated bool) *htt
 }
 
 // deadlines sets the connection's deadlines for one request, at its start
-// (its headers read): the body must be read within BodyTimeout, and the
-// answer written within WriteTimeout, plus the Clone deadline for
-// /v1/clone. readBody lifts the read deadline once the body is read whole,
-// and /v1/watch lifts both and sets a write deadline per line.
+// (its headers read), before any routing or guard: the body must be read
+// within BodyTimeout, and the answer written within WriteTimeout, plus the
+// Clone deadline for /v1/clone. /v1/watch lifts both and sets a write
+// deadline per line.
 //
-// Without a read deadline after the headers, net/http would wait for a
-// declared body forever; with one left in place after the body, the
-// connection's background read would end a long Clone's context.
+// Without a read deadline after the headers net/http waits for a declared
+// body forever, also to discard the body of a request a handler refused.
+// Once a body is read whole, net/http's background read lifts the read
+// deadline, so it does not end a long Clone; a GET has no body and keeps it,
+// which bounds the routes but /v1/watch.
 func (a *Agent) deadlines(h http.Handler) http.Handler {
 	lim := a.cfg.Limits
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
