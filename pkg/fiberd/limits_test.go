@@ -51,7 +51,7 @@ func (e *env) hostOf(network string) string {
 }
 
 // readResponse reads one HTTP response from c within patience.
-func readResponse(t *testing.T, c net.Conn, br *bufio.Reader) (*http.Response, string) {
+func readResponse(t testing.TB, c net.Conn, br *bufio.Reader) (*http.Response, string) {
 	t.Helper()
 	must(t, c.SetReadDeadline(time.Now().Add(patience)))
 	resp, err := http.ReadResponse(br, nil)
