@@ -157,6 +157,9 @@ func cmdClone(ctx context.Context, args []string, g global, e env) int {
 	if req.Grant == "" && req.GrantUID == "" {
 		return grantcli.UsageError(fs, "name the grant: -grant-uid UID or -grant FILE")
 	}
+	if err := api.ValidSession(*session); err != nil {
+		return grantcli.UsageError(fs, "-session: %v", err)
+	}
 	if *deadline < 0 {
 		return grantcli.UsageError(fs, "-deadline %v is negative", *deadline)
 	}

@@ -249,6 +249,8 @@ func TestAgentUsageErrors(t *testing.T) {
 		{"clone unknown flag", []string{"clone", "-nope"}, "-nope"},
 		{"clone two args", []string{"clone", "a", "b"}, "unexpected argument"},
 		{"clone negative deadline", []string{"clone", "-deadline", "-1s", "g"}, "-deadline"},
+		{"clone session with a newline", []string{"clone", "-session", "a\nb", "g"}, "-session"},
+		{"clone session too long", []string{"clone", "-session", strings.Repeat("s", api.MaxSession+1), "g"}, "-session"},
 		{"clone two payloads", []string{"clone", "-grant-uid", "g", "-payload", "a", "-payload-file", "-"}, "-payload"},
 		{"clone payload too big", []string{"clone", "-grant-uid", "g", "-payload", strings.Repeat("x", api.MaxPayload+1)}, "-payload"},
 		{"release without id", []string{"release"}, "fiber id"},
