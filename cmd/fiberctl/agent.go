@@ -19,6 +19,7 @@ import (
 	"fiberd.io/fiberd/internal/grantcli"
 	"fiberd.io/fiberd/pkg/api"
 	"fiberd.io/fiberd/pkg/client"
+	"fiberd.io/fiberd/pkg/core"
 )
 
 // defaultSocket is fiberd's unix socket under its default -state.
@@ -156,6 +157,9 @@ func cmdClone(ctx context.Context, args []string, g global, e env) int {
 	if req.Grant == "" && req.GrantUID == "" {
 		return grantcli.UsageError(fs, "name the grant: -grant-uid UID or -grant FILE")
 	}
+	if err := api.ValidSession(*session); err != nil {
+		return grantcli.UsageError(fs, "-session: %v", err)
+	}
 	if *deadline < 0 {
 		return grantcli.UsageError(fs, "-deadline %v is negative", *deadline)
 	}
@@ -189,13 +193,19 @@ func cmdClone(ctx context.Context, args []string, g global, e env) int {
 	if g.json {
 		return printJSON(e, resp)
 	}
-	fmt.Fprintf(e.stdout, "fiber     %s\nendpoint  %s\nkind      %s\ntook      %s\n", resp.FiberID, resp.Endpoint, resp.Kind, took.Round(10*time.Microsecond))
+	fmt.Fprintf(e.stdout, "fiber     %s\nendpoint  %s\nkind      %s\n", field(resp.FiberID), field(resp.Endpoint), field(resp.Kind))
+	if resp.ReleaseKey != "" {
+		fmt.Fprintf(e.stdout, "key       %s\n", field(resp.ReleaseKey))
+	}
+	fmt.Fprintf(e.stdout, "took      %s\n", took.Round(10*time.Microsecond))
 	return grantcli.ExitOK
 }
 
-// cmdFiber: fiberctl release|park FIBER_ID
+// cmdFiber: fiberctl release|park [-key KEY | -grant FILE] FIBER_ID
 func cmdFiber(ctx context.Context, cmd string, args []string, g global, e env) int {
 	fs := newFlags(cmd, e)
+	key := fs.String("key", "", "the fiber's release key, printed by clone: needed on a plaintext TCP address")
+	tokenFile := fs.String("grant", "", "grant token `FILE` of the fiber's grant (\"-\" for stdin), instead of -key")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return grantcli.ExitOK
@@ -206,17 +216,32 @@ func cmdFiber(ctx context.Context, cmd string, args []string, g global, e env) i
 		return grantcli.UsageError(fs, "want exactly one fiber id (uid/epoch/seq), got %d arguments", fs.NArg())
 	}
 	id := fs.Arg(0)
+	req := api.FiberRequest{FiberID: id, ReleaseKey: *key}
+	if *tokenFile != "" {
+		if *key != "" {
+			return grantcli.UsageError(fs, "-key and -grant exclude each other")
+		}
+		tok, err := readInput(*tokenFile, e.stdin, api.MaxRequestBody)
+		if err != nil {
+			return grantcli.UsageError(fs, "-grant: %v", err)
+		}
+		req.Grant = strings.TrimSpace(string(tok))
+	}
 	c, err := g.newClient()
 	if err != nil {
 		return grantcli.UsageError(fs, "%v", err)
 	}
 	if cmd == "park" {
-		err = c.Park(ctx, id)
+		err = c.ParkFiber(ctx, req)
 	} else {
-		err = c.Release(ctx, id)
+		err = c.ReleaseFiber(ctx, req)
 	}
 	if err != nil {
-		return callFailed(fs, g, e, err)
+		code := callFailed(fs, g, e, err)
+		if errors.Is(err, core.ErrUnauthenticated) && req.ReleaseKey == "" && req.Grant == "" {
+			fmt.Fprintf(e.stderr, "fiberctl %s: this address does not authenticate callers: pass -key KEY (the key clone printed) or -grant FILE, or call fiberd on its unix socket\n", cmd)
+		}
+		return code
 	}
 	if g.json {
 		return printJSON(e, api.FiberRequest{FiberID: id})
@@ -268,7 +293,7 @@ func cmdWatch(ctx context.Context, args []string, g global, e env) int {
 			if errors.Is(err, io.EOF) || ctx.Err() != nil {
 				return grantcli.ExitOK
 			}
-			return grantcli.Failure(fs, err)
+			return grantcli.Failure(fs, escapedError{err})
 		}
 		if g.json {
 			if code := printJSON(e, s); code != grantcli.ExitOK {
@@ -281,18 +306,23 @@ func cmdWatch(ctx context.Context, args []string, g global, e env) int {
 }
 
 // callFailed reports a failed call: the refusal body as JSON on stdout
-// under -o json, and the error on stderr. The status is grantcli.ExitFailure.
+// under -o json, and the error, escaped, on stderr. The status is
+// grantcli.ExitFailure.
 func callFailed(fs *flag.FlagSet, g global, e env, err error) int {
 	if ce, ok := client.AsError(err); ok && g.json {
 		printJSON(e, ce.Body)
 	}
-	return grantcli.Failure(fs, err)
+	return grantcli.Failure(fs, escapedError{err})
 }
 
-// printJSON writes v as one JSON line to e.stdout; a failure is reported
-// on e.stderr.
+// printJSON writes v as one JSON line to e.stdout, every character that
+// is not printable escaped (jsonSafe); a failure is reported on e.stderr.
 func printJSON(e env, v any) int {
-	if err := json.NewEncoder(e.stdout).Encode(v); err != nil {
+	b, err := json.Marshal(v)
+	if err == nil {
+		_, err = e.stdout.Write(append(jsonSafe(b), '\n'))
+	}
+	if err != nil {
 		fmt.Fprintf(e.stderr, "fiberctl: %v\n", err)
 		return grantcli.ExitFailure
 	}
@@ -300,16 +330,17 @@ func printJSON(e env, v any) int {
 }
 
 // printStatus writes the status for people: the agent's line, then one row
-// per grant and one per running fiber.
+// per grant and one per running fiber. Every string the agent sent is
+// printed through field.
 func printStatus(w io.Writer, s api.Status, e env) {
 	lane := "healthy"
 	if !s.Lane.Healthy {
 		lane = "STALE"
 	}
 	fmt.Fprintf(w, "home %s  epoch %d  lane %s (last sync %s ago)  ready %v\n",
-		s.Home, s.Epoch, lane, e.clock.Since(s.Lane.LastSync).Round(time.Second), s.Ready)
+		field(s.Home), s.Epoch, lane, e.clock.Since(s.Lane.LastSync).Round(time.Second), s.Ready)
 	for _, c := range s.Scope {
-		fmt.Fprintf(w, "  scope %s=%s\n", c.Name, c.Value)
+		fmt.Fprintf(w, "  scope %s=%s\n", field(c.Name), field(c.Value))
 	}
 	if len(s.Grants) == 0 {
 		fmt.Fprintln(w, "no grants admitted")
@@ -320,19 +351,23 @@ func printStatus(w io.Writer, s api.Status, e env) {
 	for _, gs := range s.Grants {
 		latest := "-"
 		if gs.LatestFence != nil {
-			latest = gs.LatestFence.String()
+			latest = field(gs.LatestFence.String())
 		}
 		name, _, _ := strings.Cut(gs.Template, "@")
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%v\t%d/%d\t%s\t%s\n", gs.UID, name, gs.Tier, gs.Warm, gs.Running, gs.Max,
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%v\t%d/%d\t%s\t%s\n", field(gs.UID), field(name), field(string(gs.Tier)), gs.Warm, gs.Running, gs.Max,
 			gs.LeaseExpiry.Sub(e.clock.Now()).Round(time.Second), latest)
 	}
 	tw.Flush()
+	if s.Redacted {
+		fmt.Fprintln(w, "fibers: not shown (this address does not authenticate callers; use the unix socket or TLS)")
+		return
+	}
 	var fibers []string
 	for _, gs := range s.Grants {
 		for _, f := range gs.Fibers {
-			line := "  " + f.FiberID + "  " + f.Endpoint
+			line := "  " + field(f.FiberID) + "  " + field(f.Endpoint)
 			if f.Session != "" {
-				line += "  session " + f.Session
+				line += "  session " + field(f.Session)
 			}
 			fibers = append(fibers, line)
 		}
@@ -352,7 +387,7 @@ func statusLine(s api.Status) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "epoch=%d lane=%s ready=%v", s.Epoch, lane, s.Ready)
 	for _, gs := range s.Grants {
-		fmt.Fprintf(&b, " %s:%d/%d", gs.UID, gs.Running, gs.Max)
+		fmt.Fprintf(&b, " %s:%d/%d", field(gs.UID), gs.Running, gs.Max)
 		if !gs.Warm {
 			b.WriteString("(cold)")
 		}

@@ -44,7 +44,7 @@ func (f *fakeAgent) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		json.NewEncoder(w).Encode(api.CloneResponse{
 			FiberID: req.GrantUID + "/2/5", Endpoint: "tcp://127.0.0.1:20005",
-			Fence: core.Fence{GrantUID: req.GrantUID, Epoch: 2, Seq: 5}, Kind: api.KindCreate,
+			Fence: core.Fence{GrantUID: req.GrantUID, Epoch: 2, Seq: 5}, Kind: api.KindCreate, ReleaseKey: "k3y",
 		})
 	case "POST /v1/release", "POST /v1/park":
 		var req api.FiberRequest
@@ -52,6 +52,11 @@ func (f *fakeAgent) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if strings.Contains(req.FiberID, "/1/") {
 			w.WriteHeader(404)
 			json.NewEncoder(w).Encode(api.Error{Code: api.CodeNotFound, Message: "older epoch"})
+			return
+		}
+		if strings.HasPrefix(req.FiberID, "plain/") && req.ReleaseKey == "" && req.Grant == "" { // as on a plaintext listener
+			w.WriteHeader(401)
+			json.NewEncoder(w).Encode(api.Error{Code: api.CodeUnauthenticated, Message: "name the fiber's releaseKey"})
 			return
 		}
 		w.Write([]byte("{}"))
@@ -94,7 +99,7 @@ func TestClone(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, errs)
 	}
-	for _, want := range []string{"fiber     g1/2/5", "endpoint  tcp://127.0.0.1:20005", "kind      create", "took"} {
+	for _, want := range []string{"fiber     g1/2/5", "endpoint  tcp://127.0.0.1:20005", "kind      create", "key       k3y", "took"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("output %q lacks %q", out, want)
 		}
@@ -147,6 +152,44 @@ func TestReleaseAndPark(t *testing.T) {
 	code, _, errs := runCmd(t, testNow, "", "-addr", addr, "release", "g1/1/1")
 	if code != grantcli.ExitFailure || !strings.Contains(errs, "404 NOT_FOUND") {
 		t.Fatalf("release of an old fiber: exit %d, %q", code, errs)
+	}
+}
+
+// TestReleaseWithProof: -key and -grant carry the proof a plaintext
+// listener asks for; without one there, fiberctl says what to pass.
+func TestReleaseWithProof(t *testing.T) {
+	a, addr := newAgent(t)
+	code, _, errs := runCmd(t, testNow, "", "-addr", addr, "release", "plain/2/5")
+	if code != grantcli.ExitFailure || !strings.Contains(errs, "401 UNAUTHENTICATED") || !strings.Contains(errs, "pass -key KEY") {
+		t.Fatalf("release without a key: exit %d, %q", code, errs)
+	}
+	if code, out, errs := runCmd(t, testNow, "", "-addr", addr, "release", "-key", "k3y", "plain/2/5"); code != 0 || out != "released plain/2/5\n" {
+		t.Fatalf("release -key: exit %d, %q %q", code, out, errs)
+	}
+	if !strings.Contains(a.requests[1], `POST /v1/release {"fiberID":"plain/2/5","releaseKey":"k3y"}`) {
+		t.Errorf("request %s", a.requests[1])
+	}
+	if code, _, errs := runCmd(t, testNow, "header.payload.sig\n", "-addr", addr, "park", "-grant", "-", "plain/2/5"); code != 0 {
+		t.Fatalf("park -grant: exit %d, %q", code, errs)
+	}
+	if !strings.Contains(a.requests[2], `POST /v1/park {"fiberID":"plain/2/5","grant":"header.payload.sig"}`) {
+		t.Errorf("request %s", a.requests[2])
+	}
+	if code, _, errs := runCmd(t, testNow, "", "-addr", addr, "release", "-key", "k", "-grant", "-", "plain/2/5"); code != grantcli.ExitUsage || !strings.Contains(errs, "-key and -grant") {
+		t.Errorf("release -key -grant: exit %d, %q", code, errs)
+	}
+}
+
+// TestRedactedStatus: a status without fibers (a plaintext address) says
+// they are not shown, rather than that none run.
+func TestRedactedStatus(t *testing.T) {
+	st := testStatus()
+	st.Redacted, st.Grants[0].Fibers, st.Grants[0].LatestFence = true, nil, nil
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { json.NewEncoder(w).Encode(st) }))
+	t.Cleanup(srv.Close)
+	code, out, errs := runCmd(t, testNow, "", "-addr", srv.Listener.Addr().String(), "status")
+	if code != 0 || !strings.Contains(out, "1/64") || !strings.Contains(out, "fibers: not shown") {
+		t.Fatalf("redacted status: exit %d, %q %q", code, out, errs)
 	}
 }
 
@@ -206,6 +249,8 @@ func TestAgentUsageErrors(t *testing.T) {
 		{"clone unknown flag", []string{"clone", "-nope"}, "-nope"},
 		{"clone two args", []string{"clone", "a", "b"}, "unexpected argument"},
 		{"clone negative deadline", []string{"clone", "-deadline", "-1s", "g"}, "-deadline"},
+		{"clone session with a newline", []string{"clone", "-session", "a\nb", "g"}, "-session"},
+		{"clone session too long", []string{"clone", "-session", strings.Repeat("s", api.MaxSession+1), "g"}, "-session"},
 		{"clone two payloads", []string{"clone", "-grant-uid", "g", "-payload", "a", "-payload-file", "-"}, "-payload"},
 		{"clone payload too big", []string{"clone", "-grant-uid", "g", "-payload", strings.Repeat("x", api.MaxPayload+1)}, "-payload"},
 		{"release without id", []string{"release"}, "fiber id"},

@@ -4,12 +4,16 @@
 //
 //	fiberctl [-addr unix:///path|host:port] [-o text|json] [-tls-cert F -tls-key F] [-ca F] <command>
 //	fiberctl clone [-grant-uid UID | -grant FILE] [-session S] [-deadline D] [-payload P]
-//	fiberctl release|park FIBER_ID
+//	fiberctl release|park [-key KEY | -grant FILE] FIBER_ID
 //	fiberctl status
 //	fiberctl watch
 //	fiberctl grant keygen [-alg EdDSA|ES256] [-kid K] -out key.jwk [-jwks-out jwks.json]
 //	fiberctl grant mint -key key.jwk -issuer URL -audience NODE -template name@sha256:HEX [flags]
 //	fiberctl grant verify -jwks jwks.json -issuer URL -audience NODE [-token FILE]
+//
+// Strings the agent sends back are printed escaped: a field that holds a
+// character a terminal would act on is Go-quoted, messages have such
+// characters escaped, and -o json escapes every non-printable character.
 //
 // Exit status: 0 on success, 1 when the command failed, 2 on bad usage (an
 // unknown command, a bad or missing flag); the message names the flag.
@@ -71,8 +75,8 @@ it exists, else 127.0.0.1:8484 (fiberd -dev).
 
 commands:
   clone          ask fiberd for a fiber of a grant and print its endpoint
-  release        end a fiber: fiberctl release FIBER_ID
-  park           checkpoint a fiber: fiberctl park FIBER_ID
+  release        end a fiber: fiberctl release [-key KEY] FIBER_ID
+  park           checkpoint a fiber: fiberctl park [-key KEY] FIBER_ID
   status         print the agent's epoch, lane health, grants and fibers
   watch          print each status change until interrupted
   grant keygen   make an issuer signing key (private JWK, optional public JWKS)

@@ -410,8 +410,18 @@ poll:
 			break
 		}
 	}
-	fmt.Fprintf(stdout, "  go run ./cmd/fiberctl -addr %s clone -grant-uid %s\n", addr, first.UID)
-	fmt.Fprintf(stdout, "  go run ./cmd/fiberctl -addr %s status\n", addr)
+	// The socket authenticates its callers: status shows every fiber and a
+	// fiber id is enough to release. Plaintext TCP does not (docs/api.md).
+	ctl := addr
+	if s := agent.SocketPath(); s != "" {
+		ctl = "unix://" + s
+	}
+	fmt.Fprintf(stdout, "  go run ./cmd/fiberctl -addr %s clone -grant-uid %s\n", ctl, first.UID)
+	fmt.Fprintf(stdout, "  go run ./cmd/fiberctl -addr %s status\n", ctl)
 	fmt.Fprintln(stdout, "  curl <the endpoint clone printed>")
+	fmt.Fprintf(stdout, "  go run ./cmd/fiberctl -addr %s release <the fiber clone printed>\n", ctl)
+	if tcp := addrString(agent); tcp != "" && ctl != tcp {
+		fmt.Fprintf(stdout, "Over %s (plaintext) status shows counts only, and release needs -key <the key clone printed>.\n", tcp)
+	}
 	fmt.Fprintln(stdout, "Stop with Ctrl-C: every fiber is released and every zygote stopped.")
 }

@@ -42,6 +42,7 @@ type options struct {
 	issuerCAFile          string
 	jwksMaxStale          time.Duration
 	maxLease              time.Duration
+	clockSkew             time.Duration
 	grantsDir, templates  string
 	endpointFamily        endpoint.Family
 	endpointHost          string
@@ -106,6 +107,7 @@ func parseFlags(args []string, env environ, usage io.Writer) (options, error) {
 	fs.StringVar(&o.issuerCAFile, "issuer-ca-file", "", "PEM CA bundle the issuer's discovery and JWKS certificates must chain to (default -grant-ca-file, else the system roots)")
 	fs.DurationVar(&o.jwksMaxStale, "jwks-max-stale", grant.DefaultMaxStale, "how old the issuer's keys may grow before tokens are unverifiable (SHED)")
 	fs.DurationVar(&o.maxLease, "max-lease", 0, "refuse grants with a longer lease (0: any)")
+	fs.DurationVar(&o.clockSkew, "clock-skew", grant.DefaultLeeway, "how far the issuer's clock may run ahead: grants issued (iat) further in the future are refused")
 	fs.StringVar(&o.grantsDir, "grants-dir", "", "directory polled for *.jwt grant files (empty: grants arrive only inside Clone requests; under -dev <state>/grants)")
 	fs.StringVar(&o.templates, "templates", "", "directory of template specs, one <name>.json each (under -dev: default <state>/templates, written from examples/templates; given, -dev mints a grant per spec in it)")
 	family := fs.String("endpoint-family", "", "how fibers are reached: unix, inet4 or inet6 (default unix; inet4 under -dev and -home kubernetes)")
@@ -355,6 +357,7 @@ func (o options) agentConfig() fiberd.Config {
 		Issuer:                   o.issuer,
 		NodeID:                   o.nodeID,
 		MaxLease:                 o.maxLease,
+		ClockSkew:                o.clockSkew,
 		Templates:                o.templates,
 		StateDir:                 o.state,
 		RunDir:                   o.runDir,

@@ -34,7 +34,7 @@ func TestParseFlagsDefaults(t *testing.T) {
 	want := options{
 		home: "standalone", state: defaultState, runDir: defaultRunDir, nodeID: "node-a",
 		issuer: "https://issuer.example", templates: "/etc/fiberd/templates", listenSet: true,
-		jwksMaxStale: 24 * time.Hour, staleTTL: 30 * time.Second,
+		jwksMaxStale: 24 * time.Hour, staleTTL: 30 * time.Second, clockSkew: time.Minute,
 		thrashRate: fiberd.DefaultThrashRate, thrashBurst: fiberd.DefaultThrashBurst,
 		pressureThreshold: fiberd.DefaultPressureThreshold,
 		endpointFamily:    endpoint.Unix,
@@ -204,6 +204,7 @@ func TestParseFlagsRefusals(t *testing.T) {
 		{"negative stale ttl", sa("-stale-ttl", "-1s"), testEnv, "-stale-ttl"},
 		{"negative stale ttl, kubernetes", ka("-stale-ttl", "-1s"), kubeEnv, "-stale-ttl"},
 		{"negative max lease", sa("-max-lease", "-1h"), testEnv, "-max-lease"},
+		{"negative clock skew", sa("-clock-skew", "-1s"), testEnv, "-clock-skew"},
 		{"zero jwks max stale", sa("-jwks-max-stale", "0s"), testEnv, "-jwks-max-stale"},
 		{"bad family", sa("-endpoint-family", "ipx"), testEnv, "-endpoint-family"},
 		{"bad port range", sa("-port-range", "9-1"), testEnv, "-port-range"},

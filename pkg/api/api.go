@@ -1,7 +1,10 @@
 package api
 
 import (
+	"fmt"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"fiberd.io/fiberd/pkg/core"
 )
@@ -13,7 +16,30 @@ const (
 	MaxRequestBody = 32 << 10
 	// MaxPayload is the largest Clone payload, in bytes before base64.
 	MaxPayload = 4096
+	// MaxSession is the longest Clone session name, in bytes.
+	MaxSession = 256
 )
+
+// ValidSession reports whether s may name a Clone's session: at most
+// MaxSession bytes of UTF-8, every character printable (letters, marks,
+// numbers, punctuation, symbols and the ASCII space; no control or format
+// character, so a session printed in a terminal is only ever text). The
+// empty session (none) is valid. The server answers 400 for any other; the
+// error says what is wrong without repeating s.
+func ValidSession(s string) error {
+	if len(s) > MaxSession {
+		return fmt.Errorf("session is %d bytes, over the limit of %d", len(s), MaxSession)
+	}
+	if !utf8.ValidString(s) {
+		return fmt.Errorf("session is not valid UTF-8")
+	}
+	for i, r := range s {
+		if !unicode.IsPrint(r) {
+			return fmt.Errorf("session holds the non-printable character %U at byte %d: use letters, digits, punctuation and spaces", r, i)
+		}
+	}
+	return nil
+}
 
 // Clone kinds.
 const (
@@ -54,11 +80,27 @@ type CloneResponse struct {
 	Fence core.Fence `json:"fence"`
 	// Kind is create, attach or resume.
 	Kind string `json:"kind"`
+	// ReleaseKey is the fiber's release key: a secret a caller on a
+	// listener that does not authenticate must present to release or park
+	// this fiber (FiberRequest.ReleaseKey). Every Clone of the fiber,
+	// attaches included, answers the same key; it dies with the fiber.
+	ReleaseKey string `json:"releaseKey"`
 }
 
 // FiberRequest is the body of POST /v1/release and POST /v1/park.
+//
+// On a listener that authenticates its callers (the unix socket, TLS with a
+// client certificate) FiberID is enough. On one that does not (plaintext
+// TCP) the caller must also prove it may end the fiber: ReleaseKey, the key
+// the fiber's Clone answered, or Grant, a token of the fiber's grant.
 type FiberRequest struct {
+	// FiberID is the fiber's id, "uid/epoch/seq".
 	FiberID string `json:"fiberID"`
+	// ReleaseKey is the fiber's CloneResponse.ReleaseKey.
+	ReleaseKey string `json:"releaseKey,omitempty"`
+	// Grant is a compact token of the fiber's grant (verified, its UID
+	// that of the fiber).
+	Grant string `json:"grant,omitempty"`
 }
 
 // Error is the body of every refusal. For a miss, Code is SHED or
@@ -66,7 +108,7 @@ type FiberRequest struct {
 // one of the other error codes below.
 type Error struct {
 	// Code is SHED, DEFERRED_FALLBACK, INVALID, UNAUTHENTICATED,
-	// NOT_FOUND, TIER_GAP or INTERNAL.
+	// FORBIDDEN, NOT_FOUND, TIER_GAP or INTERNAL.
 	Code string `json:"code"`
 	// Message says what went wrong and what to do.
 	Message string `json:"message"`
@@ -80,9 +122,13 @@ type Error struct {
 const (
 	CodeInvalid         = "INVALID"
 	CodeUnauthenticated = "UNAUTHENTICATED"
-	CodeNotFound        = "NOT_FOUND"
-	CodeTierGap         = "TIER_GAP"
-	CodeInternal        = "INTERNAL"
+	// CodeForbidden (403) is a request a listener that does not
+	// authenticate refuses as a browser's: a Host that is not the
+	// listener's, or a cross-site Origin or Sec-Fetch-Site.
+	CodeForbidden = "FORBIDDEN"
+	CodeNotFound  = "NOT_FOUND"
+	CodeTierGap   = "TIER_GAP"
+	CodeInternal  = "INTERNAL"
 )
 
 // Status is the body of GET /v1/status and each line of GET /v1/watch.
@@ -99,6 +145,10 @@ type Status struct {
 	Scope []core.ScopeClaim `json:"scope,omitempty"`
 	// Grants are the admitted grants, by UID.
 	Grants []GrantStatus `json:"grants"`
+	// Redacted is set when the caller is not authenticated: each grant
+	// then shows its counts only, without Fibers or LatestFence (no fiber
+	// id, endpoint or session of anyone's fiber).
+	Redacted bool `json:"redacted,omitempty"`
 }
 
 // Lane is the lane's health in a Status.

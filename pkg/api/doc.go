@@ -4,5 +4,7 @@
 // client (pkg/client) both import it, so neither imports the other.
 //
 // Decoding is strict on the server: an unknown field at any depth is a 400.
+// The input rules a client can check before sending are here too
+// (MaxRequestBody, MaxPayload, MaxSession, ValidSession).
 // It imports only pkg/core.
 package api

@@ -25,6 +25,11 @@ const DefaultTimeout = 30 * time.Second
 // watch stream). A status of many grants with their fibers fits easily.
 const maxResponseBody = 8 << 20
 
+// idleConnTimeout drops a kept-alive connection before fiberd's own idle
+// timeout (fiberd.DefaultIdleTimeout, 30 s) would close it, so a request is
+// never written onto a connection the agent is closing.
+const idleConnTimeout = 20 * time.Second
+
 // maxErrorText is how much of a body that is not an api.Error is kept in
 // the *Error's message.
 const maxErrorText = 512
@@ -85,7 +90,7 @@ func New(cfg Config) (*Client, error) {
 		tr := &http.Transport{
 			ForceAttemptHTTP2:   false,
 			MaxIdleConnsPerHost: 16,
-			IdleConnTimeout:     90 * time.Second,
+			IdleConnTimeout:     idleConnTimeout,
 			TLSHandshakeTimeout: 10 * time.Second,
 		}
 		if socket != "" {
@@ -146,19 +151,37 @@ func (c *Client) Clone(ctx context.Context, req api.CloneRequest) (api.CloneResp
 }
 
 // Release ends the fiber fiberID. An unknown fiber, or one of an older
-// epoch, is an *Error unwrapping to core.ErrNotFound.
+// epoch, is an *Error unwrapping to core.ErrNotFound. The id alone is
+// enough on a listener that authenticates (the unix socket, TLS); on
+// plaintext TCP use ReleaseFiber with the fiber's release key.
 func (c *Client) Release(ctx context.Context, fiberID string) error {
-	return c.do(ctx, http.MethodPost, "/v1/release", api.FiberRequest{FiberID: fiberID}, nil)
+	return c.ReleaseFiber(ctx, api.FiberRequest{FiberID: fiberID})
+}
+
+// ReleaseFiber ends the fiber req names, with the proof a listener that
+// does not authenticate asks for: req.ReleaseKey (the CloneResponse's) or
+// req.Grant (a token of the fiber's grant). Without either there it is an
+// *Error unwrapping to core.ErrUnauthenticated.
+func (c *Client) ReleaseFiber(ctx context.Context, req api.FiberRequest) error {
+	return c.do(ctx, http.MethodPost, "/v1/release", req, nil)
 }
 
 // Park checkpoints the fiber fiberID. A tier without checkpoints is an
-// *Error unwrapping to core.ErrTierGap.
+// *Error unwrapping to core.ErrTierGap. Like Release, the id alone is
+// enough only on a listener that authenticates (see ParkFiber).
 func (c *Client) Park(ctx context.Context, fiberID string) error {
-	return c.do(ctx, http.MethodPost, "/v1/park", api.FiberRequest{FiberID: fiberID}, nil)
+	return c.ParkFiber(ctx, api.FiberRequest{FiberID: fiberID})
+}
+
+// ParkFiber checkpoints the fiber req names, with the proof of
+// ReleaseFiber.
+func (c *Client) ParkFiber(ctx context.Context, req api.FiberRequest) error {
+	return c.do(ctx, http.MethodPost, "/v1/park", req, nil)
 }
 
 // Status is the agent's status: its epoch, lane health and every admitted
-// grant.
+// grant. On a listener that does not authenticate it is redacted
+// (Status.Redacted): counts only, no fiber ids, endpoints or sessions.
 func (c *Client) Status(ctx context.Context) (api.Status, error) {
 	var out api.Status
 	err := c.do(ctx, http.MethodGet, "/v1/status", nil, &out)

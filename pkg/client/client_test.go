@@ -225,6 +225,22 @@ func TestReleaseParkStatusOverUnixSocket(t *testing.T) {
 			t.Errorf("%s: Park = %v, want a tier gap", addr, err)
 		}
 		<-agent.seen
+		// The proofs a plaintext listener asks for travel in the body.
+		proof := api.FiberRequest{FiberID: "g1/4/1", ReleaseKey: "k3y", Grant: "a.b.c"}
+		if err := c.ReleaseFiber(ctx, proof); err != nil {
+			t.Errorf("%s: ReleaseFiber: %v", addr, err)
+		}
+		r = <-agent.seen
+		if err := json.NewDecoder(r.Body).Decode(&fr); err != nil || fr != proof {
+			t.Errorf("ReleaseFiber body %+v, %v; want %+v", fr, err, proof)
+		}
+		if err := c.ParkFiber(ctx, proof); !errors.Is(err, core.ErrTierGap) {
+			t.Errorf("%s: ParkFiber = %v, want a tier gap", addr, err)
+		}
+		r = <-agent.seen
+		if err := json.NewDecoder(r.Body).Decode(&fr); err != nil || fr != proof {
+			t.Errorf("ParkFiber body %+v, %v; want %+v", fr, err, proof)
+		}
 		got, err := c.Status(ctx)
 		if err != nil {
 			t.Fatalf("%s: Status: %v", addr, err)

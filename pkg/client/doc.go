@@ -3,6 +3,11 @@
 // socket or over TCP, plaintext on loopback or TLS 1.3 with a client
 // certificate.
 //
+// On a plaintext TCP address fiberd does not authenticate its callers:
+// Status is redacted to counts, and ReleaseFiber and ParkFiber must carry
+// the fiber's release key (CloneResponse.ReleaseKey) or a token of its
+// grant (docs/api.md, "Callers who do not authenticate").
+//
 // A refusal comes back as an *Error carrying the HTTP status and the
 // api.Error body the server sent. It unwraps to the outcome class of
 // pkg/core, so callers match it the same way the agent produced it:

@@ -6,7 +6,6 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
-	"log"
 	"net"
 	"net/http"
 	"os"
@@ -167,7 +166,7 @@ func New(ctx context.Context, cfg Config) (a *Agent, err error) {
 	a.sweep(ctx)
 
 	a.verifier, err = grant.NewVerifier(grant.VerifierConfig{
-		Issuer: cfg.Issuer, Audience: cfg.NodeID, Keys: cfg.Keys, MaxLease: cfg.MaxLease, Clock: cfg.Clock,
+		Issuer: cfg.Issuer, Audience: cfg.NodeID, Keys: cfg.Keys, MaxLease: cfg.MaxLease, Leeway: cfg.ClockSkew, Clock: cfg.Clock,
 	})
 	if err != nil {
 		return nil, err
@@ -254,6 +253,7 @@ func (a *Agent) bind(ctx context.Context, private string) error {
 	if err != nil {
 		return fmt.Errorf("fiberd: admin socket: %w", err)
 	}
+	a.admin = limitConns(a.admin, a.cfg.Limits.MaxConns)
 	if a.cfg.Socket != "-" {
 		if err := os.MkdirAll(filepath.Dir(a.cfg.Socket), 0o700); err != nil {
 			return fmt.Errorf("fiberd: socket directory: %w", err)
@@ -262,6 +262,7 @@ func (a *Agent) bind(ctx context.Context, private string) error {
 		if err != nil {
 			return fmt.Errorf("fiberd: -socket %s: %w", a.cfg.Socket, err)
 		}
+		a.apiUnix = limitConns(a.apiUnix, a.cfg.Limits.MaxConns)
 	}
 	if a.cfg.Listen != "" {
 		var lc net.ListenConfig
@@ -269,6 +270,7 @@ func (a *Agent) bind(ctx context.Context, private string) error {
 		if err != nil {
 			return fmt.Errorf("fiberd: -listen %s: %w", a.cfg.Listen, err)
 		}
+		ln = limitConns(ln, a.cfg.Limits.MaxConns) // beneath TLS: net/http must see *tls.Conn
 		a.apiTCP = ln
 		if a.cfg.TLSCert != "" {
 			tc, err := serverTLS(a.cfg)
@@ -409,14 +411,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		})
 	}
 	serve := func(ln net.Listener, h http.Handler, authenticated bool) {
-		srv := &http.Server{
-			Handler:           h,
-			ReadHeaderTimeout: 10 * time.Second,
-			ErrorLog:          log.New(logWriter{a.log}, "", 0),
-			ConnContext: func(c context.Context, _ net.Conn) context.Context {
-				return context.WithValue(c, authKey{}, authenticated)
-			},
-		}
+		srv := a.server(ln, h, authenticated) // limits.go: timeouts, browser guard
 		srvs = append(srvs, srv)
 		servers.Go(func() {
 			if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {

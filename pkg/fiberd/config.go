@@ -80,6 +80,11 @@ type Config struct {
 	// MaxLease, when positive, refuses tokens whose lease is longer. Zero
 	// (the default) accepts any lease.
 	MaxLease time.Duration
+	// ClockSkew is how far the issuer's clock may run ahead of this home's
+	// (-clock-skew): a token whose iat is more than ClockSkew in the future
+	// is refused (401), as is one whose nbf is more than ClockSkew away.
+	// Default grant.DefaultLeeway (one minute).
+	ClockSkew time.Duration
 
 	// Templates is the directory of template specs (-templates), one
 	// <name>.json per template. Required.
@@ -196,6 +201,11 @@ type Config struct {
 	// the global one).
 	Registry *prometheus.Registry
 
+	// Limits bound what one client may cost the API and admin listeners:
+	// timeouts and a cap on open connections. Each zero field takes its
+	// default (see Limits).
+	Limits Limits
+
 	// AdminUnsafe enables the admin socket's test-only routes POST /issuer
 	// and POST /scope-lost (-admin-unsafe). Validate refuses it unless the
 	// binary was built with the testhooks tag (see TestHooks). Default
@@ -244,6 +254,10 @@ func (c Config) withDefaults() Config {
 	if c.Registry == nil {
 		c.Registry = prometheus.NewRegistry()
 	}
+	if c.ClockSkew == 0 {
+		c.ClockSkew = grant.DefaultLeeway
+	}
+	c.Limits = c.Limits.withDefaults()
 	return c
 }
 
@@ -283,6 +297,8 @@ func (c Config) ValidateSettings() error {
 		return bad("NodeID is empty: set -node-id to this home's node id (the aud of its grants)")
 	case c.MaxLease < 0:
 		return bad("MaxLease %v is negative: set -max-lease to a duration, or 0 for no limit", c.MaxLease)
+	case c.ClockSkew < 0:
+		return bad("ClockSkew %v is negative: set -clock-skew to a positive duration, or 0 for the default %v", c.ClockSkew, grant.DefaultLeeway)
 	case c.Templates == "":
 		return bad("Templates is empty: set -templates to the directory of template specs")
 	case !filepath.IsAbs(c.Templates):
@@ -311,6 +327,9 @@ func (c Config) ValidateSettings() error {
 		return bad("BudgetInterval %v is negative: use 0 for the default %v", c.BudgetInterval, DefaultBudgetInterval)
 	case c.AdminUnsafe && !TestHooks:
 		return bad("AdminUnsafe is set but this binary was built without the testhooks tag: drop -admin-unsafe")
+	}
+	if err := c.Limits.validate(); err != nil {
+		return bad("%v", err)
 	}
 	if c.EndpointFamily != endpoint.Unix {
 		if err := c.PortRange.Validate(); err != nil {

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"reflect"
 	"strings"
 	"sync"
@@ -18,17 +19,27 @@ import (
 // readBody reads a request body of at most api.MaxRequestBody bytes. A
 // declared Content-Length over the cap is refused before a byte is read;
 // an undeclared one is cut by http.MaxBytesReader at the cap. Both wrap
-// errTooLarge.
+// errTooLarge. The body must arrive within the read deadline deadlines set
+// (Limits.BodyTimeout), else errBodyTimeout (408). Once the body is read
+// whole, net/http's background read of the connection starts and lifts that
+// deadline itself, so a long Clone keeps its context
+// (TestLongCloneOutlivesBodyTimeout holds it to that). On any failure the
+// connection is closed after the answer.
 func readBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {
 	if r.ContentLength > api.MaxRequestBody {
+		w.Header().Set("Connection", "close")
 		return nil, fmt.Errorf("request body of %d bytes is over the limit of %d: %w", r.ContentLength, api.MaxRequestBody, errTooLarge)
 	}
 	body := http.MaxBytesReader(w, r.Body, api.MaxRequestBody)
 	b, err := io.ReadAll(body)
 	if err != nil {
+		w.Header().Set("Connection", "close")
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {
 			return nil, fmt.Errorf("request body is over the limit of %d bytes: %w", api.MaxRequestBody, errTooLarge)
+		}
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			return nil, fmt.Errorf("%w: read %d bytes before the deadline", errBodyTimeout, len(b))
 		}
 		return nil, fmt.Errorf("reading the request body: %v: %w", err, core.ErrInvalid)
 	}

@@ -71,7 +71,9 @@
 // (NDJSON), /healthz, /metrics. Bodies are capped (api.MaxRequestBody)
 // before they are read and decoded strictly. Outcomes: 200 served; 429 SHED
 // with Retry-After; 503 DEFERRED_FALLBACK; 412 tier gap; 400 malformed (413
-// oversized); 401 unverified; 404 unknown or older-epoch fiber; 500 runtime
+// oversized, 408 a body not received in time); 401 unverified (or a
+// release without proof, below); 403 a browser's request; 404 unknown or
+// older-epoch fiber; 415 a plaintext POST that is not JSON; 500 runtime
 // fault. A capacity miss (unknown, denied or lapsed grant, at fibers.max,
 // template not warm) is DEFERRED_FALLBACK while the home's lane is healthy
 // and SHED while stale; an unverifiable token (issuer keys never loaded or
@@ -83,7 +85,21 @@
 // authenticated; a plaintext TCP listener (InsecurePlaintext, loopback
 // unless InsecureAllowNonLoopback) does not. Only authenticated callers may
 // self-admit: a Clone naming the home's SelfAdmitUID is served with the
-// home's OwnGrant in place of the token presented.
+// home's OwnGrant in place of the token presented. On the plaintext
+// listener (guard.go, docs/design.md decision 26) a request a browser would
+// send is refused (a Host that is not the listener's address: 403; a
+// cross-site Origin or Sec-Fetch-Site: 403, also on TLS; a POST that is not
+// application/json: 415), the status and watch are redacted to counts, and
+// a release or park must name the fiber's release key (every Clone answers
+// it: an HMAC of the fiber id under a secret drawn when the API handler is
+// built) or a token of its grant (401 otherwise). A Clone's grantUID must
+// be a grant UID and its session printable and at most api.MaxSession
+// bytes (400).
+//
+// Every listener has the timeouts of Config.Limits (headers, body, answer,
+// idle keep-alive; the watch stream is exempt but for each line's write and
+// sends an empty line every WatchKeepAlive) and a cap on open connections,
+// past which connections wait in the kernel's accept queue (limits.go).
 //
 // The admin socket StateDir/private/admin.sock serves GET /healthz. A build
 // with the testhooks tag (TestHooks) adds POST /issuer {"reachable":bool}

@@ -171,16 +171,17 @@ func (s *switchKeys) setDown(d bool) {
 
 // env is one agent under test with its fakes.
 type env struct {
-	t        *testing.T
+	t        testing.TB
 	clk      *clocktesting.FakeClock
 	home     *fakeHome
 	warm     *fake.Backend
 	basic    *fake.Backend
 	keys     *switchKeys
 	signer   *grant.Signer
-	other    *grant.Signer // a key the agent does not trust
-	zygote   string        // template ref of a zygote template
-	plain    string        // template ref of a non-zygote template
+	key      jose.JSONWebKey // signer's private key
+	other    *grant.Signer   // a key the agent does not trust
+	zygote   string          // template ref of a zygote template
+	plain    string          // template ref of a non-zygote template
 	cfg      Config
 	agent    *Agent
 	tcp      *http.Client
@@ -212,7 +213,7 @@ func withHome(f func(*fakeHome)) envOption {
 
 // newEnv builds and runs an agent on a fake home, fake backends and a fake
 // clock, listening on loopback plaintext TCP and a unix socket.
-func newEnv(t *testing.T, opts ...envOption) *env {
+func newEnv(t testing.TB, opts ...envOption) *env {
 	t.Helper()
 	e := &env{t: t, clk: clocktesting.NewFakeClock(testStart)}
 	e.home = newFakeHome(e.clk)
@@ -223,6 +224,7 @@ func newEnv(t *testing.T, opts ...envOption) *env {
 	must(t, err)
 	e.signer, err = grant.NewSigner(key)
 	must(t, err)
+	e.key = key
 	jwks, err := grant.PublicJWKS(key)
 	must(t, err)
 	static, err := grant.NewStaticKeys(jwks)
@@ -246,7 +248,7 @@ func newEnv(t *testing.T, opts ...envOption) *env {
 	e.cfg = Config{
 		Issuer: testIssuer, NodeID: testNode, Keys: e.keys, Templates: tdir,
 		StateDir: state, Listen: "127.0.0.1:0", InsecurePlaintext: true,
-		Clock: e.clk, Logger: testr.NewWithOptions(t, testr.Options{Verbosity: 1}),
+		Clock: e.clk, Logger: testr.NewWithInterface(t, testr.Options{Verbosity: 1}),
 	}
 	for _, o := range opts {
 		o(e)
@@ -318,14 +320,14 @@ func (e *env) start() {
 	t.Cleanup(e.stop)
 }
 
-func must(t *testing.T, err error) {
+func must(t testing.TB, err error) {
 	t.Helper()
 	if err != nil {
 		t.Fatal(err)
 	}
 }
 
-func writeTemplate(t *testing.T, dir, name, spec string) string {
+func writeTemplate(t testing.TB, dir, name, spec string) string {
 	t.Helper()
 	must(t, os.WriteFile(filepath.Join(dir, name+".json"), []byte(spec), 0o644))
 	return name + "@sha256:" + template.Digest([]byte(spec))
@@ -396,7 +398,7 @@ type reply struct {
 	body   []byte
 }
 
-func (r reply) clone(t *testing.T) api.CloneResponse {
+func (r reply) clone(t testing.TB) api.CloneResponse {
 	t.Helper()
 	var c api.CloneResponse
 	if err := json.Unmarshal(r.body, &c); err != nil {
@@ -405,7 +407,7 @@ func (r reply) clone(t *testing.T) api.CloneResponse {
 	return c
 }
 
-func (r reply) apiError(t *testing.T) api.Error {
+func (r reply) apiError(t testing.TB) api.Error {
 	t.Helper()
 	var e api.Error
 	if err := json.Unmarshal(r.body, &e); err != nil {
@@ -422,6 +424,9 @@ func (e *env) do(c *http.Client, method, path string, body io.Reader) reply {
 	}
 	req, err := http.NewRequest(method, base+path, body)
 	must(e.t, err)
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
 	resp, err := c.Do(req)
 	must(e.t, err)
 	defer resp.Body.Close()

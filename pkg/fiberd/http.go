@@ -4,9 +4,11 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"math"
 	"net/http"
 	"strconv"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
@@ -15,20 +17,29 @@ import (
 )
 
 // apiHandler is the HTTP API of ARCHITECTURE 4.4, served on the TCP
-// listener and the unix socket alike.
+// listener and the unix socket alike. Run calls it once: it draws the
+// secret of the fibers' release keys.
 func (a *Agent) apiHandler() http.Handler {
+	s := &apiServer{Agent: a, keys: newReleaseKeys()}
 	mux := http.NewServeMux()
-	mux.HandleFunc("POST /v1/clone", a.handleClone)
-	mux.HandleFunc("POST /v1/release", a.handleRelease)
-	mux.HandleFunc("POST /v1/park", a.handlePark)
-	mux.HandleFunc("GET /v1/status", a.handleStatus)
-	mux.HandleFunc("GET /v1/watch", a.handleWatch)
+	mux.HandleFunc("POST /v1/clone", s.handleClone)
+	mux.HandleFunc("POST /v1/release", s.handleRelease)
+	mux.HandleFunc("POST /v1/park", s.handlePark)
+	mux.HandleFunc("GET /v1/status", s.handleStatus)
+	mux.HandleFunc("GET /v1/watch", s.handleWatch)
 	mux.HandleFunc("GET /healthz", a.handleHealthz)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(a.cfg.Registry, promhttp.HandlerOpts{}))
 	return mux
 }
 
-func (a *Agent) handleClone(w http.ResponseWriter, r *http.Request) {
+// apiServer is the API's handlers: the agent, and the release keys its
+// Clones hand out and its releases check (guard.go).
+type apiServer struct {
+	*Agent
+	keys *releaseKeys
+}
+
+func (a *apiServer) handleClone(w http.ResponseWriter, r *http.Request) {
 	start := a.cfg.Clock.Now()
 	kind, outcome := "none", outcomeInvalid
 	defer func() {
@@ -37,6 +48,10 @@ func (a *Agent) handleClone(w http.ResponseWriter, r *http.Request) {
 	}()
 	var req api.CloneRequest
 	if err := a.decode(w, r, &req); err != nil {
+		a.writeError(w, err)
+		return
+	}
+	if err := checkClone(req); err != nil {
 		a.writeError(w, err)
 		return
 	}
@@ -51,10 +66,11 @@ func (a *Agent) handleClone(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	kind, outcome = k, outcomeServed
+	resp.ReleaseKey = a.keys.key(resp.Fence)
 	writeJSON(w, http.StatusOK, resp)
 }
 
-func (a *Agent) handleRelease(w http.ResponseWriter, r *http.Request) {
+func (a *apiServer) handleRelease(w http.ResponseWriter, r *http.Request) {
 	f, err := a.fiberOf(w, r)
 	if err != nil {
 		a.writeError(w, err)
@@ -70,7 +86,7 @@ func (a *Agent) handleRelease(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, api.FiberRequest{FiberID: f.Fence.String()})
 }
 
-func (a *Agent) handlePark(w http.ResponseWriter, r *http.Request) {
+func (a *apiServer) handlePark(w http.ResponseWriter, r *http.Request) {
 	f, err := a.fiberOf(w, r)
 	if err != nil {
 		a.writeError(w, err)
@@ -79,54 +95,96 @@ func (a *Agent) handlePark(w http.ResponseWriter, r *http.Request) {
 	a.writeError(w, &tierGap{fence: f.Fence, tier: f.Tier})
 }
 
-// fiberOf decodes a FiberRequest and looks its fiber up: 400 for a
-// malformed id, 404 for one unknown or of an older epoch.
-func (a *Agent) fiberOf(w http.ResponseWriter, r *http.Request) (core.Fiber, error) {
+// fiberOf decodes a FiberRequest, looks its fiber up and checks the caller
+// may end it (authorizeFiber): 400 for a malformed id, 401 for an
+// unauthenticated caller without the fiber's release key or grant token,
+// 404 for a fiber unknown or of an older epoch.
+func (a *apiServer) fiberOf(w http.ResponseWriter, r *http.Request) (core.Fiber, error) {
 	var req api.FiberRequest
 	if err := a.decode(w, r, &req); err != nil {
 		return core.Fiber{}, err
 	}
-	fence, err := core.ParseFence(req.FiberID)
+	fence, err := parseFiberID(req.FiberID)
 	if err != nil {
 		return core.Fiber{}, err
 	}
-	return a.ledger.Lookup(fence)
+	authed := authenticated(r)
+	if !authed && req.ReleaseKey == "" && req.Grant == "" {
+		return core.Fiber{}, fmt.Errorf("fiber %s: %v: %w", fence, errNoProof, core.ErrUnauthenticated)
+	}
+	f, err := a.ledger.Lookup(fence)
+	if err != nil {
+		return core.Fiber{}, err
+	}
+	if err := a.authorizeFiber(r.Context(), authed, req, fence); err != nil {
+		return core.Fiber{}, err
+	}
+	return f, nil
 }
 
-func (a *Agent) handleStatus(w http.ResponseWriter, r *http.Request) {
-	writeJSON(w, http.StatusOK, a.status())
+func (a *apiServer) handleStatus(w http.ResponseWriter, r *http.Request) {
+	writeJSON(w, http.StatusOK, a.statusFor(r))
+}
+
+// statusFor is the status as the caller of r may see it: whole when
+// authenticated, redacted otherwise.
+func (a *apiServer) statusFor(r *http.Request) api.Status {
+	if authenticated(r) {
+		return a.status()
+	}
+	return redact(a.status())
 }
 
 // handleWatch streams the status as newline-delimited JSON: one line now
-// and one per change, until the client goes away or the agent stops.
-func (a *Agent) handleWatch(w http.ResponseWriter, r *http.Request) {
+// and one per change, until the client goes away or the agent stops. With
+// nothing new for Limits.WatchKeepAlive it writes an empty line. Each line
+// must be written within Limits.WriteTimeout; the stream itself has no
+// deadline.
+func (a *apiServer) handleWatch(w http.ResponseWriter, r *http.Request) {
+	lim := a.cfg.Limits
+	rc := http.NewResponseController(w)
+	// No body to wait for; the stream stays open as long as both sides do.
+	_ = rc.SetReadDeadline(time.Time{})
 	w.Header().Set("Content-Type", "application/x-ndjson")
 	w.WriteHeader(http.StatusOK)
-	flusher, _ := w.(http.Flusher)
+	keepAlive := a.cfg.Clock.NewTicker(lim.WatchKeepAlive)
+	defer keepAlive.Stop()
 	var last []byte
 	for {
 		changed := a.changes()
-		b, err := json.Marshal(a.status())
+		b, err := json.Marshal(a.statusFor(r))
 		if err != nil {
 			return
 		}
+		var line []byte
 		if !bytes.Equal(b, last) {
-			if _, err := w.Write(append(b, '\n')); err != nil {
-				return
-			}
-			if flusher != nil {
-				flusher.Flush()
-			}
-			last = b
+			line, last = append(b, '\n'), b
+		}
+		if line != nil && !writeLine(rc, w, line, lim.WriteTimeout) {
+			return
 		}
 		select {
 		case <-changed:
+		case <-keepAlive.C():
+			if !writeLine(rc, w, []byte("\n"), lim.WriteTimeout) {
+				return
+			}
 		case <-r.Context().Done():
 			return
 		case <-a.stopping:
 			return
 		}
 	}
+}
+
+// writeLine writes and flushes one line of a stream within timeout; false
+// when the client did not take it.
+func writeLine(rc *http.ResponseController, w http.ResponseWriter, line []byte, timeout time.Duration) bool {
+	_ = rc.SetWriteDeadline(wallDeadline(timeout))
+	if _, err := w.Write(line); err != nil {
+		return false
+	}
+	return rc.Flush() == nil
 }
 
 func (a *Agent) handleHealthz(w http.ResponseWriter, r *http.Request) {
@@ -181,7 +239,8 @@ func (a *Agent) decode(w http.ResponseWriter, r *http.Request, v any) error {
 // writeError maps err to its status and body, the one place errors become
 // HTTP: a *core.Miss is 429 (SHED, with Retry-After) or 503
 // (DEFERRED_FALLBACK), naming the issuer; core.ErrInvalid 400 (413 for an
-// oversized body); core.ErrUnauthenticated 401; core.ErrNotFound 404;
+// oversized body, 408 for one not received in time);
+// core.ErrUnauthenticated 401; core.ErrNotFound 404;
 // core.ErrTierGap 412; anything else 500. It returns the clone outcome.
 func (a *Agent) writeError(w http.ResponseWriter, err error) string {
 	if m, ok := core.IsMiss(err); ok {
@@ -214,6 +273,8 @@ func (a *Agent) writeError(w http.ResponseWriter, err error) string {
 	switch {
 	case errors.Is(err, errTooLarge):
 		status, code, outcome = http.StatusRequestEntityTooLarge, api.CodeInvalid, outcomeInvalid
+	case errors.Is(err, errBodyTimeout):
+		status, code, outcome = http.StatusRequestTimeout, api.CodeInvalid, outcomeInvalid
 	case errors.Is(err, core.ErrInvalid):
 		status, code, outcome = http.StatusBadRequest, api.CodeInvalid, outcomeInvalid
 	case errors.Is(err, core.ErrUnauthenticated):

@@ -20,9 +20,10 @@
 //     grant before the agent verifies it.
 //
 // The token format is fixed by ARCHITECTURE 4.1: a JWS compact serialisation
-// of at most MaxTokenSize bytes, alg EdDSA or ES256, a kid, the registered
-// claims iss, aud (one value), jti (a DNS-1123 label), iat and exp, and the
-// private claim "grant" whose members are checked strictly:
+// of at most MaxTokenSize bytes, alg EdDSA or ES256, a kid, no crit (no JWS
+// extension is supported), the registered claims iss, aud (one value), jti
+// (a DNS-1123 label), iat (at most the verifier's Leeway ahead of its clock)
+// and exp, and the private claim "grant" whose members are checked strictly:
 //
 //	{"template":"name@sha256:<64 hex>","fibers":{"max":N,"warm":W},
 //	 "wBudget":bytes,"minTier":"BASIC|WARM|CHECKPOINT",

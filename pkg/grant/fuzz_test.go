@@ -24,8 +24,16 @@ func fuzzSeeds(f *testing.F) (edKey, ecKey jose.JSONWebKey) {
 	g.MinTier = ""
 	g.UID = strings.Repeat("a", 63)
 	ec := mint(f, ecKey, g)
+	future := goodGrant()
+	future.IssuedAt, future.Expiry = testNow.Add(time.Hour), testNow.Add(2*time.Hour)
+	payload := []byte(`{"jti":"g-1"}`)
 	for _, s := range []string{
 		string(ed), string(ec), "", ".", "..", "a.b.c", "e30.e30.", "e30.e30.e30.e30",
+		string(mint(f, edKey, future)),
+		string(signCrit(f, edKey, payload, "b64")),
+		string(signCrit(f, edKey, payload, "a", "b", "c", "d", "e", "f")),
+		string(unsigned(map[string]any{"alg": "EdDSA", "kid": "k-ed", "crit": []any{1, "\x1b[2J"}}, goodClaims(), "AA")),
+		b64([]byte(`{"`+strings.Repeat("n", 600)+`":1,"`+strings.Repeat("n", 600)+`":2}`)) + ".e30.AA",
 		string(unsigned(map[string]any{"alg": "none", "kid": "k-ed"}, goodClaims(), "")),
 		string(unsigned(map[string]any{"alg": "EdDSA", "kid": "k-ed"}, map[string]any{"jti": "x", "grant": map[string]any{"fibers": map[string]any{"max": 1e300}}}, "AA")),
 		"eyJhbGciOiJFZERTQSIsImtpZCI6ImstZWQifQ." + b64([]byte(`{"jti":"a","iat":1e999,"exp":-1}`)) + ".AA",
@@ -37,8 +45,9 @@ func fuzzSeeds(f *testing.F) (edKey, ecKey jose.JSONWebKey) {
 }
 
 // FuzzParse feeds arbitrary bytes to the unverified parsing steps: the size
-// and form check, the header, the claims. None may panic, and accepted
-// claims must be well formed.
+// and form check, the header, the claims. None may panic, an accepted header
+// has an allowed alg, a kid and no crit, a header refusal is short and
+// escaped, and accepted claims must be well formed.
 func FuzzParse(f *testing.F) {
 	fuzzSeeds(f)
 	f.Fuzz(func(t *testing.T, token []byte) {
@@ -46,8 +55,14 @@ func FuzzParse(f *testing.F) {
 		if err != nil {
 			return
 		}
-		if hdr, err := parseHeader(h); err == nil && (!algorithmAllowed(hdr.Alg) || hdr.Kid == "") {
-			t.Fatalf("parseHeader accepted %+v", hdr)
+		if hdr, err := parseHeader(h); err == nil {
+			raw, _ := decodeSegment("header", h)
+			m, _ := members(raw)
+			if _, crit := m["crit"]; crit || !algorithmAllowed(hdr.Alg) || hdr.Kid == "" {
+				t.Fatalf("parseHeader accepted %+v from %q", hdr, raw)
+			}
+		} else if strings.ContainsAny(err.Error(), "\x00\x1b\n") || len(err.Error()) > 512 {
+			t.Fatalf("parseHeader error is not short and escaped: %q", err)
 		}
 		payload, err := decodeSegment("payload", p)
 		if err != nil {
@@ -66,7 +81,7 @@ func FuzzParse(f *testing.F) {
 
 // FuzzVerify feeds arbitrary tokens to a Verifier. It must not panic; every
 // error is classed; an accepted token is for the configured issuer and
-// audience.
+// audience and was not issued beyond the clock skew.
 func FuzzVerify(f *testing.F) {
 	edKey, ecKey := fuzzSeeds(f)
 	v, err := NewVerifier(VerifierConfig{
@@ -85,8 +100,9 @@ func FuzzVerify(f *testing.F) {
 			return
 		}
 		// Only tokens signed by the seed keys pass (the seeds and
-		// mutations that leave the signed parts alone).
-		if g.Issuer != testIssuer || g.Audience != testAudience || ValidUID(g.UID) != nil {
+		// mutations that leave the signed parts alone), never one issued
+		// beyond the clock skew.
+		if g.Issuer != testIssuer || g.Audience != testAudience || ValidUID(g.UID) != nil || g.IssuedAt.After(testNow.Add(DefaultLeeway)) {
 			t.Fatalf("accepted a wrong grant: %+v", g)
 		}
 	})

@@ -93,7 +93,38 @@ func parseHeader(seg []byte) (header, error) {
 	if h.Kid == "" {
 		return header{}, errors.New("header has no kid")
 	}
+	if raw, ok := m["crit"]; ok {
+		return header{}, critError(raw)
+	}
 	return h, nil
+}
+
+// maxCritNamed is how many crit names a refusal lists before "and N more".
+const maxCritNamed = 4
+
+// critError is the refusal of a header carrying crit: this verifier
+// understands no JWS extension (RFC 7515 4.1.11), so every critical one is
+// unsupported, and the error names them (each shortened and escaped).
+func critError(raw json.RawMessage) error {
+	var names []string
+	if err := json.Unmarshal(raw, &names); err != nil {
+		return errors.New("header: crit is not a list of names")
+	}
+	if len(names) == 0 {
+		return errors.New("header: crit is empty (RFC 7515 forbids an empty list)")
+	}
+	shown := make([]string, 0, maxCritNamed)
+	for _, n := range names[:min(len(names), maxCritNamed)] {
+		shown = append(shown, printable(n))
+	}
+	list := strings.Join(shown, ", ")
+	if more := len(names) - len(shown); more > 0 {
+		list += fmt.Sprintf(" and %d more", more)
+	}
+	if len(names) == 1 {
+		return fmt.Errorf("header: critical header extension %s is not supported", list)
+	}
+	return fmt.Errorf("header: critical header extensions %s are not supported", list)
 }
 
 func algorithmAllowed(alg string) bool {
@@ -124,11 +155,11 @@ func members(data []byte) (map[string]json.RawMessage, error) {
 			return nil, errors.New("bad JSON object: member name is not a string")
 		}
 		if _, dup := m[name]; dup {
-			return nil, fmt.Errorf("member %q appears twice", name)
+			return nil, fmt.Errorf("member %s appears twice", quoted(name))
 		}
 		var v json.RawMessage
 		if err := dec.Decode(&v); err != nil {
-			return nil, fmt.Errorf("member %q: %v", name, err)
+			return nil, fmt.Errorf("member %s: %v", quoted(name), err)
 		}
 		m[name] = v
 	}
@@ -145,7 +176,7 @@ func members(data []byte) (map[string]json.RawMessage, error) {
 func onlyMembers(where string, m map[string]json.RawMessage, allowed ...string) error {
 	for name := range m {
 		if !slices.Contains(allowed, name) {
-			return fmt.Errorf("%s has unknown member %q", where, name)
+			return fmt.Errorf("%s has unknown member %s", where, quoted(name))
 		}
 	}
 	return nil
@@ -198,7 +229,8 @@ const maxNumericDate = 253402300799
 // ValidUID reports whether s is a grant UID: a DNS-1123 label, 1 to 63
 // characters of lowercase letters, digits and '-', starting and ending with a
 // letter or digit. A Kubernetes Pod UID qualifies. The error says what is
-// wrong.
+// wrong and names s shortened and escaped (printable), never whole: s may
+// come from an untrusted request.
 func ValidUID(s string) error {
 	if s == "" {
 		return errors.New("uid is empty")
@@ -212,7 +244,7 @@ func ValidUID(s string) error {
 		case c >= 'a' && c <= 'z', c >= '0' && c <= '9':
 		case c == '-' && i > 0 && i < len(s)-1:
 		default:
-			return fmt.Errorf("uid %q is not a DNS-1123 label (lowercase letters, digits and inner '-')", s)
+			return fmt.Errorf("uid %s is not a DNS-1123 label (lowercase letters, digits and inner '-')", printable(s))
 		}
 	}
 	return nil
@@ -270,6 +302,15 @@ func printable(s string) string {
 	}
 	if len(s) > 32 {
 		s = s[:32]
+	}
+	return strconv.Quote(s)
+}
+
+// quoted returns s quoted, cut to 32 bytes first (marked "..."), for
+// member names an untrusted token chose.
+func quoted(s string) string {
+	if len(s) > 32 {
+		return strconv.Quote(s[:32]) + "..."
 	}
 	return strconv.Quote(s)
 }

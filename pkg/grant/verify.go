@@ -48,11 +48,14 @@ type VerifierConfig struct {
 	// MaxLease, when positive, refuses tokens whose lease (exp - iat) is
 	// longer. Zero (the default) accepts any lease.
 	MaxLease time.Duration
-	// Leeway is the clock skew allowed when checking a token's optional nbf
-	// claim: a token is refused while now + Leeway is before nbf. Default
-	// DefaultLeeway. exp is not checked at all (see Verify).
+	// Leeway is the clock skew allowed between the issuer and this home: a
+	// token is refused while now + Leeway is before its optional nbf, and
+	// when its iat is more than Leeway after now (a token "issued" in the
+	// future would outrank every renewal issued before that time). Default
+	// DefaultLeeway (one minute). exp is not checked at all (see Verify).
 	Leeway time.Duration
-	// Clock reads the time for the nbf check. Default clock.RealClock{}.
+	// Clock reads the time for the nbf and iat checks. Default
+	// clock.RealClock{}.
 	Clock clock.PassiveClock
 }
 
@@ -104,11 +107,13 @@ func NewVerifier(cfg VerifierConfig) (*Verifier, error) {
 // core.Grant filled (Token holds a copy of token).
 //
 // The checks run in this order: size (at most MaxTokenSize, before any
-// decoding), compact form, alg on the allow-list, kid present, key kid from
-// the KeySource, signature, then the claims: jti a DNS-1123 label, iss equal
-// to Issuer, aud a single value equal to Audience, iat and exp present with
-// exp after iat, the lease within MaxLease, nbf (if present) reached, and
-// the "grant" claim strictly decoded.
+// decoding), compact form, alg on the allow-list, kid present, no crit
+// header (no JWS extension is supported; the refusal names them), key kid
+// from the KeySource, signature, then the claims: jti a DNS-1123 label, iss
+// equal to Issuer, aud a single value equal to Audience, iat and exp present
+// with exp after iat, the lease within MaxLease, nbf (if present) reached,
+// iat no more than Leeway ahead of the clock, and the "grant" claim strictly
+// decoded.
 //
 // A bad token returns an error wrapping core.ErrUnauthenticated that says
 // why ("algorithm HS256 not allowed", "unknown kid", "audience ...").
@@ -172,8 +177,13 @@ func (v *Verifier) Verify(ctx context.Context, token []byte) (core.Grant, error)
 	if v.cfg.MaxLease > 0 && g.Lease() > v.cfg.MaxLease {
 		return core.Grant{}, unauthenticated(g.UID, fmt.Errorf("lease %v is longer than the maximum %v", g.Lease(), v.cfg.MaxLease))
 	}
-	if c.hasNbf && v.cfg.Clock.Now().Add(v.cfg.Leeway).Before(c.nbf) {
+	now := v.cfg.Clock.Now()
+	if c.hasNbf && now.Add(v.cfg.Leeway).Before(c.nbf) {
 		return core.Grant{}, unauthenticated(g.UID, fmt.Errorf("not valid before %v", c.nbf))
+	}
+	if ahead := g.IssuedAt.Sub(now); ahead > v.cfg.Leeway {
+		return core.Grant{}, unauthenticated(g.UID, fmt.Errorf("issued at %s, %v in the future, more than the allowed clock skew of %v: check the issuer's and this home's clocks",
+			g.IssuedAt.Format(time.RFC3339), ahead.Round(time.Second), v.cfg.Leeway))
 	}
 	g.Token = append([]byte(nil), token...)
 	return g, nil

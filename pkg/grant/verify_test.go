@@ -177,6 +177,16 @@ func TestVerifyRefusals(t *testing.T) {
 		{"iat a string", withClaim(func(c map[string]any) { c["iat"] = "now" }), "iat is not a number", true},
 		{"lease over max", lease(2 * time.Hour), "lease", true},
 		{"nbf in the future", withClaim(func(c map[string]any) { c["nbf"] = testNow.Add(time.Hour).Unix() }), "not valid before", true},
+		{"iat an hour in the future", withClaim(func(c map[string]any) {
+			c["iat"], c["exp"] = testNow.Add(time.Hour).Unix(), testNow.Add(90*time.Minute).Unix()
+		}), "issued at 2027-01-15T09:00:00Z, 1h0m0s in the future", true},
+		{"iat past the skew", withClaim(func(c map[string]any) {
+			c["iat"], c["exp"] = testNow.Add(DefaultLeeway+time.Second).Unix(), testNow.Add(time.Hour).Unix()
+		}), "1m1s in the future, more than the allowed clock skew of 1m0s", true},
+		{"crit header", signCrit(t, good, payload, "urn:example:policy"), `critical header extension "urn:example:policy" is not supported`, false},
+		{"crit header of two", signCrit(t, good, payload, "b64", "exp"), "critical header extensions b64, exp are not supported", false},
+		{"crit not a list", unsigned(map[string]any{"alg": "EdDSA", "kid": "k1", "crit": "exp"}, goodClaims(), "c2ln"), "crit is not a list of names", false},
+		{"crit empty", unsigned(map[string]any{"alg": "EdDSA", "kid": "k1", "crit": []string{}}, goodClaims(), "c2ln"), "crit is empty", false},
 		{"missing grant claim", withClaim(func(c map[string]any) { delete(c, "grant") }), `"grant" is missing`, true},
 		{"unknown member in grant", withGrant(func(g map[string]any) { g["priority"] = 1 }), `unknown member "priority"`, true},
 		{"miscased member in grant", withGrant(func(g map[string]any) { delete(g, "template"); g["Template"] = testTemplate }), `unknown member "Template"`, true},
@@ -219,6 +229,52 @@ func TestVerifyRefusals(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestVerifyIssuedAtWithinSkew: a token issued up to the clock skew ahead of
+// this home's clock is admitted, and the skew is the configured Leeway.
+func TestVerifyIssuedAtWithinSkew(t *testing.T) {
+	key := mustKey(t, "EdDSA", "k1")
+	ahead := func(d time.Duration) []byte {
+		g := goodGrant()
+		g.IssuedAt, g.Expiry = testNow.Add(d), testNow.Add(d+time.Hour)
+		return mint(t, key, g)
+	}
+	v := newTestVerifier(t, mustStatic(t, key), nil)
+	if _, err := v.Verify(context.Background(), ahead(DefaultLeeway)); err != nil {
+		t.Errorf("iat one default skew ahead refused: %v", err)
+	}
+	wide := newTestVerifier(t, mustStatic(t, key), func(c *VerifierConfig) { c.Leeway = 2 * time.Hour })
+	if _, err := wide.Verify(context.Background(), ahead(time.Hour)); err != nil {
+		t.Errorf("iat an hour ahead with a skew of 2h refused: %v", err)
+	}
+	narrow := newTestVerifier(t, mustStatic(t, key), func(c *VerifierConfig) { c.Leeway = time.Second })
+	if _, err := narrow.Verify(context.Background(), ahead(2*time.Second)); !errors.Is(err, core.ErrUnauthenticated) {
+		t.Errorf("iat 2s ahead with a skew of 1s = %v, want refused", err)
+	}
+}
+
+// signCrit signs payload with key, its protected header naming crit as
+// critical extensions (each also set in the header, as RFC 7515 asks).
+func signCrit(t testing.TB, key jose.JSONWebKey, payload []byte, crit ...string) []byte {
+	t.Helper()
+	opts := (&jose.SignerOptions{}).WithHeader(jose.HeaderKey("kid"), key.KeyID).WithHeader("crit", crit)
+	for _, c := range crit {
+		opts = opts.WithHeader(jose.HeaderKey(c), true)
+	}
+	s, err := jose.NewSigner(jose.SigningKey{Algorithm: jose.SignatureAlgorithm(key.Algorithm), Key: key.Key}, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	jws, err := s.Sign(payload)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := jws.CompactSerialize()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return []byte(out)
 }
 
 func TestVerifyLeaseAtMaxAccepted(t *testing.T) {
@@ -309,6 +365,18 @@ func TestValidUIDAndTemplate(t *testing.T) {
 	} {
 		if err := ValidUID(s); (err == nil) != ok {
 			t.Errorf("ValidUID(%q) = %v, want ok=%v", s, err, ok)
+		}
+	}
+	// A refused UID is named shortened and escaped, never whole: it comes
+	// from whoever sent the request.
+	for _, s := range []string{"../../etc", "a\x00b", strings.Repeat("x", 5000), "a\x1b[2Jb\nforged line", strings.Repeat("é", 40)} {
+		err := ValidUID(s)
+		if err == nil {
+			t.Fatalf("ValidUID(%q) accepted", s)
+		}
+		msg := err.Error()
+		if len(msg) > 160 || strings.ContainsAny(msg, "\x00\x1b\n") || (len(s) > 40 && strings.Contains(msg, s)) {
+			t.Errorf("ValidUID(%.40q...) = %q: not short and escaped", s, msg)
 		}
 	}
 	hex64 := strings.Repeat("ab", 32)

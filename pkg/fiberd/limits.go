@@ -1,0 +1,221 @@
+package fiberd
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+)
+
+// Defaults of Limits.
+const (
+	// DefaultHeaderTimeout bounds reading a request's headers.
+	DefaultHeaderTimeout = 10 * time.Second
+	// DefaultBodyTimeout bounds reading a request's body (at most
+	// api.MaxRequestBody bytes) after its headers.
+	DefaultBodyTimeout = 10 * time.Second
+	// DefaultWriteTimeout bounds writing an answer.
+	DefaultWriteTimeout = 10 * time.Second
+	// DefaultIdleTimeout closes a keep-alive connection left idle.
+	DefaultIdleTimeout = 30 * time.Second
+	// DefaultWatchKeepAlive is how often an idle /v1/watch stream is sent
+	// an empty line.
+	DefaultWatchKeepAlive = 30 * time.Second
+	// DefaultMaxConns caps the open connections of each listener.
+	DefaultMaxConns = 256
+)
+
+// Limits bound what one client may cost the agent: every listener (the
+// API's TCP listener and unix socket, the admin socket) has these timeouts
+// and its own connection cap, so a client that is slow to send, slow to
+// read, or sends nothing holds one descriptor for a bounded time. A zero
+// field takes its default; a negative one is refused by Config.Validate.
+type Limits struct {
+	// HeaderTimeout bounds reading a request's headers, from the first
+	// byte of a new connection, or of the next request on a kept-alive
+	// one. The connection is closed when it passes. Default
+	// DefaultHeaderTimeout (10 s).
+	HeaderTimeout time.Duration
+	// BodyTimeout bounds reading a request's body, from the end of its
+	// headers to its last byte: a body still incomplete is answered 408
+	// and its connection closed. It also bounds the GET routes but
+	// /v1/watch, which have no body (their context ends when it passes).
+	// Default DefaultBodyTimeout (10 s).
+	BodyTimeout time.Duration
+	// WriteTimeout bounds writing an answer, from the end of the request's
+	// headers; a Clone gets its deadline (Config.CloneDeadline, or the
+	// request's shorter deadlineMs) on top. Each line of a /v1/watch
+	// stream must be written within WriteTimeout. A client that does not
+	// read its answer in time has its connection closed. Default
+	// DefaultWriteTimeout (10 s).
+	WriteTimeout time.Duration
+	// IdleTimeout closes a keep-alive connection on which no new request
+	// began for this long. Default DefaultIdleTimeout (30 s).
+	IdleTimeout time.Duration
+	// WatchKeepAlive is how often a /v1/watch stream with nothing new is
+	// sent an empty line (which NDJSON readers skip), so a peer that went
+	// away is noticed within WatchKeepAlive + WriteTimeout. Read on
+	// Config.Clock. Default DefaultWatchKeepAlive (30 s).
+	WatchKeepAlive time.Duration
+	// MaxConns caps the connections open at once on each listener. Past
+	// it the listener accepts no more until one closes: further
+	// connections wait in the kernel's accept queue and cost the agent no
+	// descriptor. Default DefaultMaxConns (256).
+	MaxConns int
+}
+
+// withDefaults returns l with its zero fields defaulted.
+func (l Limits) withDefaults() Limits {
+	if l.HeaderTimeout == 0 {
+		l.HeaderTimeout = DefaultHeaderTimeout
+	}
+	if l.BodyTimeout == 0 {
+		l.BodyTimeout = DefaultBodyTimeout
+	}
+	if l.WriteTimeout == 0 {
+		l.WriteTimeout = DefaultWriteTimeout
+	}
+	if l.IdleTimeout == 0 {
+		l.IdleTimeout = DefaultIdleTimeout
+	}
+	if l.WatchKeepAlive == 0 {
+		l.WatchKeepAlive = DefaultWatchKeepAlive
+	}
+	if l.MaxConns == 0 {
+		l.MaxConns = DefaultMaxConns
+	}
+	return l
+}
+
+// validate names the first negative field of l.
+func (l Limits) validate() error {
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{
+		{"HeaderTimeout", l.HeaderTimeout}, {"BodyTimeout", l.BodyTimeout}, {"WriteTimeout", l.WriteTimeout},
+		{"IdleTimeout", l.IdleTimeout}, {"WatchKeepAlive", l.WatchKeepAlive},
+	} {
+		if d.v < 0 {
+			return fmt.Errorf("Limits.%s %v is negative: use 0 for the default", d.name, d.v)
+		}
+	}
+	if l.MaxConns < 0 {
+		return fmt.Errorf("Limits.MaxConns %d is negative: use 0 for the default %d", l.MaxConns, DefaultMaxConns)
+	}
+	return nil
+}
+
+// server builds the http.Server of listener ln serving h: h wrapped in the
+// browser guard of ln's kind (guard) and in the per-route deadlines
+// (deadlines), the header and idle timeouts of Config.Limits, and
+// authenticated recorded in every request's context (authKey). Run's serve
+// calls it once per listener.
+func (a *Agent) server(ln net.Listener, h http.Handler, authenticated bool) *http.Server {
+	lim := a.cfg.Limits
+	return &http.Server{
+		Handler:           a.deadlines(a.guard(h, ln, authenticated)),
+		ReadHeaderTimeout: lim.HeaderTimeout,
+		IdleTimeout:       lim.IdleTimeout,
+		ErrorLog:          log.New(logWriter{a.log}, "", 0),
+		ConnContext: func(c context.Context, _ net.Conn) context.Context {
+			return context.WithValue(c, authKey{}, authenticated)
+		},
+	}
+}
+
+// deadlines sets the connection's deadlines for one request, at its start
+// (its headers read), before any routing or guard: the body must be read
+// within BodyTimeout, and the answer written within WriteTimeout, plus the
+// Clone deadline for /v1/clone. /v1/watch lifts both and sets a write
+// deadline per line.
+//
+// Without a read deadline after the headers net/http waits for a declared
+// body forever, also to discard the body of a request a handler refused.
+// Once a body is read whole, net/http's background read lifts the read
+// deadline, so it does not end a long Clone; a GET has no body and keeps it,
+// which bounds the routes but /v1/watch.
+func (a *Agent) deadlines(h http.Handler) http.Handler {
+	lim := a.cfg.Limits
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		rc := http.NewResponseController(w)
+		write := lim.WriteTimeout
+		if r.URL.Path == "/v1/clone" {
+			write += a.cfg.CloneDeadline
+		}
+		_ = rc.SetReadDeadline(wallDeadline(lim.BodyTimeout))
+		_ = rc.SetWriteDeadline(wallDeadline(write))
+		h.ServeHTTP(w, r)
+	})
+}
+
+// wallDeadline is d from now on the wall clock. Socket deadlines are
+// absolute times on the clock the runtime's poller reads, so they are the
+// one place the agent reads time.Now instead of Config.Clock (a fake clock
+// would set them years away).
+func wallDeadline(d time.Duration) time.Time {
+	return time.Now().Add(d)
+}
+
+// limitConns caps the connections open at once on ln at max: Accept waits
+// for a slot before it accepts, and a connection's Close frees its slot.
+// Connections past the cap wait in the kernel's accept queue. Closing the
+// returned listener ends a waiting Accept.
+func limitConns(ln net.Listener, max int) net.Listener {
+	return &connLimiter{Listener: ln, slots: make(chan struct{}, max), done: make(chan struct{})}
+}
+
+type connLimiter struct {
+	net.Listener
+	slots chan struct{} // one element per open connection
+	done  chan struct{} // closed by Close
+	once  sync.Once
+}
+
+func (l *connLimiter) Accept() (net.Conn, error) {
+	select {
+	case l.slots <- struct{}{}:
+	case <-l.done:
+		return nil, net.ErrClosed
+	}
+	c, err := l.Listener.Accept()
+	if err != nil {
+		<-l.slots
+		return nil, err
+	}
+	return &limitedConn{Conn: c, free: l.slots}, nil
+}
+
+func (l *connLimiter) Close() error {
+	l.once.Do(func() { close(l.done) })
+	return l.Listener.Close()
+}
+
+// limitedConn frees its listener slot on its first Close.
+type limitedConn struct {
+	net.Conn
+	free chan struct{}
+	once sync.Once
+}
+
+func (c *limitedConn) Close() error {
+	err := c.Conn.Close()
+	c.once.Do(func() { <-c.free })
+	return err
+}
+
+// CloseWrite half-closes the connection when the accepted one can (TCP,
+// unix), so net/http can still end a refused upload gracefully.
+func (c *limitedConn) CloseWrite() error {
+	if cw, ok := c.Conn.(interface{ CloseWrite() error }); ok {
+		return cw.CloseWrite()
+	}
+	return nil
+}
+
+// errBodyTimeout is a request body not read whole within BodyTimeout: 408.
+var errBodyTimeout = errors.New("request body not received in time")
