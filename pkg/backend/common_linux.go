@@ -25,6 +25,7 @@ type common struct {
 	cfg   Config
 	log   logr.Logger
 	exits *exitQueue
+	iso   *sandbox
 	wg    sync.WaitGroup
 }
 
@@ -35,12 +36,23 @@ func (c *common) init(cfg Config, name string) error {
 	}
 	c.cfg = cfg.withDefaults()
 	c.log = c.cfg.Logger.WithName(name)
+	if c.cfg.IDs == nil {
+		ids, err := NewIDPool(DefaultIDFirst, DefaultIDCount)
+		if err != nil {
+			return err
+		}
+		c.cfg.IDs = ids
+	}
+	c.iso = newSandbox(c.cfg, c.log)
 	c.exits = newExitQueue()
 	return nil
 }
 
 // Exits implements Backend.
 func (c *common) Exits() <-chan Exit { return c.exits.out }
+
+// Isolation implements Backend.
+func (c *common) Isolation() IsolationSupport { return c.iso.support }
 
 // shutdown is the shared half of Close: it runs every grant's stop under
 // one KillTimeout, waits for every goroutine the backend started, closes
@@ -55,6 +67,7 @@ func (c *common) shutdown(stops []func(context.Context) error) error {
 	}
 	cancel()
 	c.wg.Wait()
+	c.iso.close()
 	c.exits.close()
 	return errors.Join(errs...)
 }

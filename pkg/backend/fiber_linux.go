@@ -21,6 +21,8 @@ type fiber struct {
 	// sets it (see reapOrphans), so it can reap a fiber its zygote left
 	// behind; whoever ends the fiber's record closes it.
 	pidfd int
+	// level is the isolation the fiber got.
+	level Isolation
 
 	killed atomic.Bool   // set by Kill or Stop before the kill is sent
 	silent atomic.Bool   // a fiber whose Clone was abandoned: no Exit
