@@ -295,8 +295,8 @@ func (e *Exec) startIsolated(ctx context.Context, g *execGrant, req CloneRequest
 	network := g.spec.Network == template.NetworkNone
 	st, err := e.iso.prepare(isoStart{
 		id: g.id, network: network,
-		cfg:     nsinitConfig{Hostname: hostname(g.uid), Loopback: network, Workdir: g.spec.Workdir, ListenPID: true},
-		fd3:     req.Listener, command: g.command, home: g.home,
+		cfg: nsinitConfig{Hostname: hostname(g.uid), Loopback: network, Workdir: g.spec.Workdir, ListenPID: true},
+		fd3: req.Listener, command: g.command, home: g.home,
 		argv: append([]string{g.spec.Command}, g.spec.Args...), env: env, out: g.out.w, cgroupFD: cgroupFD,
 	})
 	if err != nil {

@@ -112,9 +112,9 @@ var ErrNoIDs = errors.New("no free id for the grant's user")
 type IDPool struct {
 	first, count uint32
 
-	mu      sync.Mutex           // guards byGrant and held
-	byGrant map[string]idHold    // grant UID -> its id and how many hold it
-	held    map[uint32]string    // id -> the grant UID holding it
+	mu      sync.Mutex        // guards byGrant and held
+	byGrant map[string]idHold // grant UID -> its id and how many hold it
+	held    map[uint32]string // id -> the grant UID holding it
 }
 
 type idHold struct {

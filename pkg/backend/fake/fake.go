@@ -35,7 +35,7 @@ type Backend struct {
 	mu      sync.Mutex
 	warm    map[string]backend.WarmRequest
 	levels  map[string]backend.Isolation // of each warm grant
-	cold    map[string]bool // warmed once, template died since
+	cold    map[string]bool              // warmed once, template died since
 	fibers  map[core.Fence]backend.CloneRequest
 	pid     int
 	warms   int
