@@ -13,8 +13,8 @@
  * tries, against every pid (given in fiberd's PID namespace), every secret
  * (the other fibers'), every unix socket path and directory (fiberd's) and
  * TCP address:
- *   list     scan /proc for a process whose environment or command line
- *            holds a secret
+ *   list     scan /proc for any process but itself, and one whose
+ *            environment or command line holds a secret
  *   signal   kill(pid, 0) and kill(-1, 0), the permission check of every
  *            signal, and pidfd_open(pid)
  *   ptrace   PTRACE_SEIZE (detached again at once)
@@ -157,16 +157,18 @@ static void attack(struct out *o, char *query)
 				dst[(*cnt)++] = t;
 	}
 
-	/* list: any process whose environment or command line holds a secret */
+	/* list: any process but this one, and any that holds a secret in its
+	 * environment, command line or scratch files */
 	DIR *d = opendir("/proc");
-	int seen = 0, found = 0;
+	int others = 0, found = 0;
 	if (d) {
 		struct dirent *e;
 		char path[512];
 		while ((e = readdir(d))) {
-			if (e->d_name[0] < '0' || e->d_name[0] > '9')
+			if (e->d_name[0] < '0' || e->d_name[0] > '9' || atoi(e->d_name) == (int)getpid())
 				continue;
-			seen++;
+			if (++others <= 3)
+				say(o, "list /proc/%s OPEN sees another process\n", e->d_name);
 			for (int k = 0; k < 2; k++) {
 				snprintf(path, sizeof(path), "/proc/%s/%s", e->d_name, k ? "cmdline" : "environ");
 				const char *s = holds(path, secrets, ns);
@@ -178,8 +180,8 @@ static void attack(struct out *o, char *query)
 		}
 		closedir(d);
 	}
-	if (!found)
-		say(o, "list /proc blocked no secret among %d processes\n", seen);
+	if (!others && !found)
+		say(o, "list /proc blocked sees no other process\n");
 
 	errno = 0;
 	int r = kill(-1, 0);

@@ -70,18 +70,20 @@ def attack(query):
     q = {k: [x for x in v[0].split(",") if x] for k, v in urllib.parse.parse_qs(query).items()}
     pids, secrets = q.get("pids", []), q.get("secrets", [])
     out = []
-    found, seen = False, 0
+    others, found = 0, False
     for e in os.listdir("/proc"):
-        if not e.isdigit():
+        if not e.isdigit() or int(e) == os.getpid():
             continue
-        seen += 1
+        others += 1
+        if others <= 3:
+            out.append("list /proc/%s OPEN sees another process" % e)
         for k in ("environ", "cmdline"):
             s = holds("/proc/%s/%s" % (e, k), secrets)
             if s:
                 out.append("list /proc/%s OPEN holds %s" % (e, s))
                 found = True
-    if not found:
-        out.append("list /proc blocked no secret among %d processes" % seen)
+    if not others and not found:
+        out.append("list /proc blocked sees no other process")
     verdict(out, "signal", "-1", attempt(lambda: os.kill(-1, 0)))
     for p in pids:
         pid = int(p)
