@@ -4,11 +4,15 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
+	"syscall"
 	"testing"
 
+	"github.com/go-logr/logr/funcr"
 	"golang.org/x/sys/unix"
 
 	"fiberd.io/fiberd/pkg/core"
@@ -365,5 +369,212 @@ func TestIsolationRefusals(t *testing.T) {
 	spec.Isolation = template.IsolationShared
 	if err := b.Warm(ctxT(t), WarmRequest{Grant: core.Grant{UID: uid}, Spec: spec, RunDir: t.TempDir(), MinIsolation: IsolationGrant}); err != nil {
 		t.Errorf("Warm of a shared template needing grant isolation: %v", err)
+	}
+}
+
+// TestNetworkNone: a grant of "network": "none" runs in a network
+// namespace of its own with loopback alone (up), and its fibers serve on
+// the TCP and unix listeners fiberd bound in its own namespace.
+func TestNetworkNone(t *testing.T) {
+	for _, im := range []impl{isoImpls[0], isoImpls[2]} {
+		t.Run(im.name, func(t *testing.T) {
+			b := isoBackend(t, im.tier)
+			uid := uidFor(t)
+			spec := im.kind.spec(t)
+			spec.Network = template.NetworkNone
+			warm(t, b, uid, spec, "")
+			for i, unixSock := range []bool{false, true} {
+				ep := listen(t, unixSock)
+				f, err := b.Clone(ctxT(t), CloneRequest{Fence: fence(uid, uint64(i+1)), Listener: ep.file})
+				if err != nil {
+					t.Fatal(err)
+				}
+				for n := 1; n <= 2; n++ {
+					if body, err := get(ep, "/"); err != nil || fields(body)["count"] != strconv.Itoa(n) {
+						t.Fatalf("fiber on a %s listener: %q, %v", ep.network, body, err)
+					}
+				}
+				if nsOf(t, f.PID, "net") == nsOf(t, os.Getpid(), "net") {
+					t.Fatal("fiber of network none is in fiberd's network namespace")
+				}
+				dev, err := os.ReadFile(fmt.Sprintf("/proc/%d/net/dev", f.PID))
+				if err != nil {
+					t.Fatal(err)
+				}
+				var ifaces []string
+				for _, line := range strings.Split(string(dev), "\n")[2:] {
+					if name, _, ok := strings.Cut(strings.TrimSpace(line), ":"); ok {
+						ifaces = append(ifaces, name)
+					}
+				}
+				if strings.Join(ifaces, ",") != "lo" {
+					t.Fatalf("fiber's network namespace has interfaces %v, want lo alone", ifaces)
+				}
+			}
+		})
+	}
+}
+
+// TestIsolatedZygoteDies: the zygote is PID 1 of the grant's namespace;
+// when it dies the kernel ends its fibers, which are reported TemplateDied,
+// nothing is left, and the grant warms again under the same user.
+func TestIsolatedZygoteDies(t *testing.T) {
+	for _, k := range []kind{kindC, kindPythonSys} {
+		t.Run(k.name, func(t *testing.T) {
+			b := isoBackend(t, core.TierWarm)
+			uid := uidFor(t)
+			spec := k.spec(t)
+			warm(t, b, uid, spec, "")
+			zpid := zygotePID(t, uid)
+			user := firstID(t, zpid, "Uid")
+			var fibers []Fiber
+			for i := uint64(1); i <= 2; i++ {
+				ep := listen(t, i%2 == 0)
+				f, err := b.Clone(ctxT(t), CloneRequest{Fence: fence(uid, i), Listener: ep.file})
+				if err != nil {
+					t.Fatal(err)
+				}
+				fibers = append(fibers, f)
+			}
+			if err := unix.Kill(zpid, unix.SIGKILL); err != nil {
+				t.Fatal(err)
+			}
+			for range fibers {
+				if e := nextExit(t, b); !e.Reason.TemplateDied {
+					t.Fatalf("fiber exit = %+v, want TemplateDied", e)
+				}
+			}
+			if e := nextExit(t, b); !e.Template || e.Reason.Signal != "SIGKILL" {
+				t.Fatalf("template exit = %+v", e)
+			}
+			for _, f := range fibers {
+				waitGone(t, f.PID)
+			}
+			noStrays(t, uid)
+			warm(t, b, uid, spec, "")
+			if got := firstID(t, zygotePID(t, uid), "Uid"); got != user {
+				t.Fatalf("re-warmed zygote runs as %d, before as %d", got, user)
+			}
+		})
+	}
+}
+
+// TestChildByNSpid: fiberd finds a fiber of an isolated zygote that sent
+// no pidfd (a zygote without the SDK's support) by its pid in the zygote's
+// namespace.
+func TestChildByNSpid(t *testing.T) {
+	b := isoBackend(t, core.TierWarm)
+	uid := uidFor(t)
+	warm(t, b, uid, kindC.spec(t), "")
+	ep := listen(t, false)
+	f, err := b.Clone(ctxT(t), CloneRequest{Fence: fence(uid, 1), Listener: ep.file})
+	if err != nil {
+		t.Fatal(err)
+	}
+	nspid := strings.Fields(procStatus(t, f.PID)["NSpid"])
+	if len(nspid) != 3 || nspid[2] != "1" {
+		t.Fatalf("fiber's NSpid %v: want fiberd's, the zygote's and 1 in its own", nspid)
+	}
+	inZygote, _ := strconv.Atoi(nspid[1])
+	zpid := zygotePID(t, uid)
+	if got, err := childByNSpid(zpid, inZygote); err != nil || got != f.PID {
+		t.Fatalf("childByNSpid(%d, %d) = %d, %v; want %d", zpid, inZygote, got, err, f.PID)
+	}
+	if _, err := childByNSpid(zpid, inZygote+1000); err == nil {
+		t.Fatal("childByNSpid found a pid the zygote has no child at")
+	}
+}
+
+// degradedEnv marks the child process of TestIsolationDegraded.
+const degradedEnv = "FIBERD_TEST_DEGRADED"
+
+// TestIsolationDegraded runs TestIsolationDegradedChild as the unprivileged
+// user nobody: asked for isolation, the backends start anyway, report
+// IsolationNone with what is missing, log it once, and serve fibers.
+func TestIsolationDegraded(t *testing.T) {
+	if os.Getenv(degradedEnv) != "" {
+		t.Skip("already the child")
+	}
+	if os.Geteuid() != 0 {
+		t.Skip("not root: cannot start the test as another user")
+	}
+	bin := counterC(t)
+	// The child, another user, must reach the counter it runs.
+	if err := os.Chmod(filepath.Dir(bin), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command("/proc/self/exe", "-test.run=^TestIsolationDegradedChild$", "-test.v", "-test.count=1")
+	cmd.Env = []string{degradedEnv + "=" + bin, "PATH=" + DefaultPath, "TMPDIR=/tmp", "HOME=/tmp"}
+	cmd.Dir = "/"
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534, Groups: []uint32{}}}
+	out, err := cmd.CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "--- PASS: TestIsolationDegradedChild") {
+		t.Fatalf("the degraded child failed: %v\n%s", err, out)
+	}
+}
+
+func TestIsolationDegradedChild(t *testing.T) {
+	bin := os.Getenv(degradedEnv)
+	if bin == "" {
+		t.Skip("run by TestIsolationDegraded")
+	}
+	if os.Geteuid() == 0 {
+		t.Fatal("the degraded child runs as root")
+	}
+	for _, tier := range []core.Tier{core.TierWarm, core.TierBasic} {
+		var lines []string
+		var mu sync.Mutex
+		cfg := testConfig()
+		cfg.Isolation = IsolationFiber
+		cfg.Logger = funcr.New(func(prefix, args string) {
+			mu.Lock()
+			lines = append(lines, prefix+" "+args)
+			mu.Unlock()
+		}, funcr.Options{})
+		var b Backend
+		var err error
+		if tier == core.TierWarm {
+			b, err = NewProc(cfg)
+		} else {
+			b, err = NewExec(cfg)
+		}
+		if err != nil {
+			t.Fatalf("%s: the backend does not start without the privilege: %v", tier, err)
+		}
+		s := b.Isolation()
+		if s.Level != IsolationNone || s.NetworkNone || !strings.Contains(s.Missing, "CAP_SYS_ADMIN") {
+			t.Errorf("%s: Isolation() = %+v, want none, no network none, and CAP_SYS_ADMIN named as missing", tier, s)
+		}
+		mu.Lock()
+		said := 0
+		for _, l := range lines {
+			if strings.Contains(l, "Isolation is less than asked") && strings.Contains(l, "CAP_SYS_ADMIN") {
+				said++
+			}
+		}
+		mu.Unlock()
+		if said != 1 {
+			t.Errorf("%s: %d log lines say what is missing, want 1: %q", tier, said, lines)
+		}
+		uid := uidFor(t) + strings.ToLower(string(tier))
+		spec := template.Spec{Command: bin, Zygote: true}
+		if err := b.Warm(ctxT(t), WarmRequest{Grant: core.Grant{UID: uid}, Spec: spec, RunDir: t.TempDir(), MinIsolation: IsolationGrant}); !errors.Is(err, core.ErrTierGap) {
+			t.Errorf("%s: Warm needing isolation: %v, want ErrTierGap", tier, err)
+		}
+		warm(t, b, uid, spec, "")
+		if got := b.GrantIsolation(uid); got != IsolationNone {
+			t.Errorf("%s: GrantIsolation = %q, want none", tier, got)
+		}
+		ep := listen(t, true)
+		f, err := b.Clone(ctxT(t), CloneRequest{Fence: fence(uid, 1), Listener: ep.file})
+		if err != nil {
+			t.Fatalf("%s: Clone: %v", tier, err)
+		}
+		if body, err := get(ep, "/"); err != nil || fields(body)["pid"] != strconv.Itoa(f.PID) || f.Isolation != IsolationNone {
+			t.Errorf("%s: fiber %+v answered %q, %v", tier, f, body, err)
+		}
+		if err := b.Close(); err != nil {
+			t.Errorf("%s: Close: %v", tier, err)
+		}
 	}
 }
