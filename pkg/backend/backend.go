@@ -242,7 +242,9 @@ type Config struct {
 	// the backend finds at creation what the host allows (it needs root,
 	// or CAP_SYS_ADMIN, CAP_SETUID and CAP_SETGID, and user namespaces),
 	// gives every grant at most that, and logs one line saying what is
-	// missing when it is less than asked (see Backend.Isolation).
+	// missing when it is less than asked (see Backend.Isolation). The exec
+	// backend starts every fiber isolated on its own, so any level above
+	// none gives its fibers IsolationFiber.
 	Isolation Isolation
 	// IDs is the pool of user and group ids isolated grants run as.
 	// Default: a pool of the backend's own of DefaultIDCount ids from

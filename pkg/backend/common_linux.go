@@ -29,8 +29,9 @@ type common struct {
 	wg    sync.WaitGroup
 }
 
-// init validates cfg, fills its defaults and starts the exit queue.
-func (c *common) init(cfg Config, name string) error {
+// init validates cfg, fills its defaults, finds the isolation the host
+// allows (perFiber: see newSandbox) and starts the exit queue.
+func (c *common) init(cfg Config, name string, perFiber bool) error {
 	if err := cfg.Validate(); err != nil {
 		return err
 	}
@@ -43,7 +44,7 @@ func (c *common) init(cfg Config, name string) error {
 		}
 		c.cfg.IDs = ids
 	}
-	c.iso = newSandbox(c.cfg, c.log)
+	c.iso = newSandbox(c.cfg, c.log, perFiber)
 	c.exits = newExitQueue()
 	return nil
 }

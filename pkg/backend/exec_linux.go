@@ -42,7 +42,7 @@ var _ Backend = (*Exec)(nil)
 // NewExec validates cfg and returns an Exec with no grant warm.
 func NewExec(cfg Config) (*Exec, error) {
 	e := &Exec{grants: map[string]*execGrant{}}
-	if err := e.init(cfg, "exec"); err != nil {
+	if err := e.init(cfg, "exec", true); err != nil {
 		return nil, err
 	}
 	return e, nil
@@ -119,7 +119,7 @@ func (e *Exec) Warm(ctx context.Context, req WarmRequest) error {
 		return err
 	}
 	// Each exec fiber has namespaces of its own: "shared" changes nothing.
-	if level == IsolationGrant && e.iso.support.Level == IsolationFiber {
+	if level == IsolationGrant {
 		level = IsolationFiber
 	}
 	e.mu.Lock()

@@ -74,8 +74,10 @@ type sandbox struct {
 
 // newSandbox finds what the host allows, up to cfg.Isolation, and starts
 // the spawner when anything is. It logs one line when the host allows less
-// than cfg.Isolation (Info) or exactly that (V(1)).
-func newSandbox(cfg Config, log logr.Logger) *sandbox {
+// than cfg.Isolation (Info) or exactly that (V(1)). perFiber says every
+// process the backend starts is a fiber isolated on its own (exec): any
+// isolation at all is then IsolationFiber.
+func newSandbox(cfg Config, log logr.Logger, perFiber bool) *sandbox {
 	s := &sandbox{log: log, ids: cfg.IDs, support: IsolationSupport{Level: IsolationNone}}
 	want := cfg.Isolation
 	if want == IsolationNone {
@@ -86,12 +88,12 @@ func newSandbox(cfg Config, log logr.Logger) *sandbox {
 	} else if err := s.startSpawner(); err != nil {
 		s.support.Missing = "the isolation mount namespace cannot be built: " + err.Error()
 	} else {
-		s.support = s.probe(cfg.Clock, cfg.WarmTimeout, want)
+		s.support = s.probe(cfg.Clock, cfg.WarmTimeout, want, perFiber)
 		if s.support.Level == IsolationNone {
 			s.close()
 		}
 	}
-	if s.support.Level != want || !s.support.NetworkNone {
+	if !s.support.Level.AtLeast(want) || !s.support.NetworkNone {
 		log.Info("Isolation is less than asked", "asked", want.String(), "level", s.support.Level.String(),
 			"networkNone", s.support.NetworkNone, "missing", s.support.Missing)
 	} else {
@@ -212,8 +214,8 @@ func (s *sandbox) close() {
 // probe starts nsinit as a grant would be started, in probe mode, and
 // returns what it found: first with a network namespace, and, should that
 // fail, without one.
-func (s *sandbox) probe(clk clock.WithDelayedExecution, timeout time.Duration, want Isolation) IsolationSupport {
-	try := func(network bool) (Isolation, string) {
+func (s *sandbox) probe(clk clock.WithDelayedExecution, timeout time.Duration, want Isolation, perFiber bool) IsolationSupport {
+	try := func(network bool) (level Isolation, why string) {
 		msg, err := s.runProbe(clk, timeout, network)
 		switch {
 		case err != nil:
@@ -225,20 +227,27 @@ func (s *sandbox) probe(clk clock.WithDelayedExecution, timeout time.Duration, w
 		}
 		return IsolationNone, "the isolation probe failed: " + msg
 	}
-	level, missing := try(true)
-	sup := IsolationSupport{Level: least(level, want), NetworkNone: level != IsolationNone, Missing: missing}
-	if level == IsolationNone {
-		if level2, missing2 := try(false); level2 != IsolationNone {
-			sup = IsolationSupport{Level: least(level2, want),
-				Missing: "a network namespace of its own cannot be made (\"network\": \"none\" is refused): " + missing}
-			if missing2 != "" {
-				sup.Missing += "; " + missing2
-			}
-		}
+	level, why := try(true)
+	network, netWhy := level != IsolationNone, ""
+	if !network {
+		netWhy = "a network namespace of its own cannot be made, so \"network\": \"none\" is refused (" + why + ")"
+		level, why = try(false)
 	}
-	if sup.Level == want && sup.NetworkNone {
-		sup.Missing = ""
+	if perFiber && level == IsolationGrant {
+		level, why = IsolationFiber, ""
 	}
+	sup := IsolationSupport{Level: least(level, want), NetworkNone: network}
+	if perFiber && sup.Level == IsolationGrant {
+		sup.Level = IsolationFiber
+	}
+	var missing []string
+	if !sup.Level.AtLeast(want) && why != "" {
+		missing = append(missing, why)
+	}
+	if netWhy != "" {
+		missing = append(missing, netWhy)
+	}
+	sup.Missing = strings.Join(missing, "; ")
 	return sup
 }
 

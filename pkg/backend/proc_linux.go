@@ -41,7 +41,7 @@ var _ Backend = (*Proc)(nil)
 // process; the exit queue's goroutine runs until Close.
 func NewProc(cfg Config) (*Proc, error) {
 	p := &Proc{zygotes: map[string]*zygote{}}
-	if err := p.init(cfg, "proc"); err != nil {
+	if err := p.init(cfg, "proc", false); err != nil {
 		return nil, err
 	}
 	return p, nil
