@@ -17,7 +17,8 @@ import (
 // The attack test: fibers of testdata/attacker.c (C SDK, or exec) and
 // testdata/attacker.py (Python SDK) hold secrets; one of them attacks the
 // others, of its own grant (another session) and of another grant, and
-// fiberd's state. See attacker.c for what it tries.
+// fiberd's state, and the other grant's cgroup. See attacker.c for what it
+// tries.
 
 var attackKinds = []struct {
 	name string
@@ -157,11 +158,18 @@ func TestIsolationAttack(t *testing.T) {
 	for _, k := range attackKinds {
 		t.Run(k.name, func(t *testing.T) {
 			b := isoBackend(t, k.tier)
+			tree, _ := cgroupRoot(t)
 			uidA, uidB := uidFor(t)+"a", uidFor(t)+"b"
 			runA, runB := filepath.Join(state, "grants", uidA), filepath.Join(state, "grants", uidB)
 			spec := k.spec(t, tag)
+			var cgB string
 			for _, g := range []struct{ uid, run string }{{uidA, runA}, {uidB, runB}} {
-				warmIn(t, b, g.uid, spec, "", g.run)
+				cg, err := tree.Grant(g.uid)
+				if err != nil {
+					t.Fatal(err)
+				}
+				cgB = cg.Dir.Path()
+				warmIn(t, b, g.uid, spec, cgB, g.run)
 			}
 			a1 := cloneVictim(t, b, uidA, 1) // another session of the attacker's grant
 			b1 := cloneVictim(t, b, uidB, 1) // another grant's
@@ -171,7 +179,7 @@ func TestIsolationAttack(t *testing.T) {
 				pids = append(pids, zygotePID(t, uidA), zygotePID(t, uidB))
 			}
 			lines := attack(t, att, pids, []string{a1.secret, b1.secret}, socks,
-				[]string{state, filepath.Join(state, "private"), runA, runB}, nil)
+				[]string{state, filepath.Join(state, "private"), runA, runB, cgB, tree.Root()}, nil)
 			if len(lines) < 6*len(pids) {
 				t.Fatalf("the attacker tried too little (%d lines):\n%s", len(lines), strings.Join(lines, "\n"))
 			}

@@ -65,6 +65,7 @@ type execGrant struct {
 	id      uint32
 	command *os.File
 	home    *os.File
+	cgroup  string // the grant's cgroup, shown to its fibers
 
 	inflight sync.WaitGroup // Clones between their check and their registration
 
@@ -147,6 +148,7 @@ func (e *Exec) Warm(ctx context.Context, req WarmRequest) error {
 		uid: uid, spec: req.Spec, path: path,
 		env: append(fiberdEnv(e.cfg.Path, req), isolationEnv(level)), dir: workdir(req.Spec, req.RunDir), out: lp,
 		level:  level,
+		cgroup: req.Cgroup,
 		fibers: map[string]*fiber{}, starting: map[string]bool{},
 	}
 	if level != IsolationNone {
@@ -303,7 +305,7 @@ func (e *Exec) startIsolated(ctx context.Context, g *execGrant, req CloneRequest
 		return nil, err
 	}
 	defer st.closeParent()
-	err = e.iso.start(st.cmd)
+	err = e.iso.start(st.cmd, g.cgroup)
 	st.closeChild()
 	if err != nil {
 		return nil, err

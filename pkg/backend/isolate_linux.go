@@ -65,6 +65,10 @@ type sandbox struct {
 	log     logr.Logger
 	ids     *IDPool
 	support IsolationSupport
+	// cgroups is the spawner's descriptor of cgroupView as the host has
+	// it, from before it was covered, or -1: whence a grant's own cgroup
+	// is bound over the cover (see start).
+	cgroups int
 
 	reqs chan func()   // run on the spawner thread
 	quit chan struct{} // closed by close
@@ -78,7 +82,7 @@ type sandbox struct {
 // process the backend starts is a fiber isolated on its own (exec): any
 // isolation at all is then IsolationFiber.
 func newSandbox(cfg Config, log logr.Logger, perFiber bool) *sandbox {
-	s := &sandbox{log: log, ids: cfg.IDs, support: IsolationSupport{Level: IsolationNone}}
+	s := &sandbox{log: log, ids: cfg.IDs, support: IsolationSupport{Level: IsolationNone}, cgroups: -1}
 	want := cfg.Isolation
 	if want == IsolationNone {
 		return s
@@ -147,10 +151,16 @@ func (s *sandbox) startSpawner() error {
 		// The parent-death signal of every process started here fires
 		// then, so close runs only once they are all gone.
 		runtime.LockOSThread()
-		if err := buildIsolationMounts(); err != nil {
+		var err error
+		if s.cgroups, err = buildIsolationMounts(); err != nil {
 			ready <- err
 			return
 		}
+		defer func() {
+			if s.cgroups >= 0 {
+				_ = unix.Close(s.cgroups)
+			}
+		}()
 		ready <- nil
 		for {
 			select {
@@ -164,37 +174,91 @@ func (s *sandbox) startSpawner() error {
 	return <-ready
 }
 
+// cgroupView is where a grant sees cgroups: its own cgroup, or nothing.
+const cgroupView = "/sys/fs/cgroup"
+
+// coveredDirs are covered in the isolation mount namespace besides the
+// scratch directories: the host's cgroup tree (which names every grant and
+// fiber) and its POSIX message queues.
+var coveredDirs = []string{cgroupView, "/dev/mqueue"}
+
 // buildIsolationMounts makes the calling thread's mount namespace the base
-// every isolated grant's is copied from (see the comment at the top).
-func buildIsolationMounts() error {
+// every isolated grant's is copied from (see the comment at the top). It
+// returns a descriptor of cgroupView from before it was covered, or -1.
+func buildIsolationMounts() (cgroups int, err error) {
 	if err := unix.Unshare(unix.CLONE_FS | unix.CLONE_NEWNS); err != nil {
-		return fmt.Errorf("unshare: %w", err)
+		return -1, fmt.Errorf("unshare: %w", err)
 	}
 	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_SLAVE, ""); err != nil {
-		return fmt.Errorf("make / a slave: %w", err)
+		return -1, fmt.Errorf("make / a slave: %w", err)
 	}
 	if err := unix.Mount("proc", "/proc", "proc", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, hiddenProcOptions); err != nil {
-		return fmt.Errorf("mount /proc with %s: %w", hiddenProcOptions, err)
+		return -1, fmt.Errorf("mount /proc with %s: %w", hiddenProcOptions, err)
 	}
-	for _, d := range scratchDirs {
+	cgroups = -1
+	if fd, err := unix.Open(cgroupView, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0); err == nil {
+		cgroups = fd
+	}
+	for _, d := range append(append([]string{}, scratchDirs...), coveredDirs...) {
 		if st, err := os.Stat(d); err != nil || !st.IsDir() {
 			continue
 		}
 		if err := unix.Mount("fiberd-empty", d, "tmpfs", unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "mode=0755,size=4k"); err != nil {
-			return fmt.Errorf("cover %s: %w", d, err)
+			if cgroups >= 0 {
+				_ = unix.Close(cgroups)
+			}
+			return -1, fmt.Errorf("cover %s: %w", d, err)
 		}
 	}
 	if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
-		return fmt.Errorf("no_new_privs: %w", err)
+		if cgroups >= 0 {
+			_ = unix.Close(cgroups)
+		}
+		return -1, fmt.Errorf("no_new_privs: %w", err)
 	}
-	return nil
+	return cgroups, nil
 }
 
-// start runs cmd.Start on the spawner thread.
-func (s *sandbox) start(cmd *exec.Cmd) error {
+// showCgroup binds the grant's cgroup directory, read-only, over the
+// covered cgroupView of the spawner's mount namespace, so the grant's copy
+// of it shows (locked) that cgroup alone; hideCgroup removes the bind
+// again once the process has its copy. Both run on the spawner thread. A
+// cgroup outside cgroupView is not shown.
+func (s *sandbox) showCgroup(dir string) (bool, error) {
+	rel, ok := strings.CutPrefix(filepath.Clean(dir), cgroupView+"/")
+	if dir == "" || !ok || s.cgroups < 0 {
+		return false, nil
+	}
+	src := "/proc/self/fd/" + strconv.Itoa(s.cgroups) + "/" + rel
+	if err := unix.Mount(src, cgroupView, "", unix.MS_BIND, ""); err != nil {
+		return false, fmt.Errorf("show the grant's cgroup %s: %w", dir, err)
+	}
+	if err := unix.Mount("", cgroupView, "", unix.MS_REMOUNT|unix.MS_BIND|unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
+		_ = unix.Unmount(cgroupView, unix.MNT_DETACH)
+		return false, fmt.Errorf("show the grant's cgroup %s read-only: %w", dir, err)
+	}
+	return true, nil
+}
+
+func hideCgroup() { _ = unix.Unmount(cgroupView, unix.MNT_DETACH) }
+
+// start runs cmd.Start on the spawner thread, with the grant's cgroup
+// directory (or "") shown at cgroupView.
+func (s *sandbox) start(cmd *exec.Cmd, cgroupDir string) error {
 	errc := make(chan error, 1)
+	run := func() {
+		shown, err := s.showCgroup(cgroupDir)
+		if err != nil {
+			errc <- err
+			return
+		}
+		errc <- cmd.Start()
+		if shown {
+			hideCgroup()
+		}
+	}
 	select {
-	case s.reqs <- func() { errc <- cmd.Start() }:
+	case s.reqs <- run:
 	case <-s.done:
 		return errClosed
 	}
@@ -266,7 +330,7 @@ func (s *sandbox) runProbe(clk clock.WithDelayedExecution, timeout time.Duration
 	defer st.closeParent()
 	var out strings.Builder
 	st.cmd.Stderr = &out
-	if err := s.start(st.cmd); err != nil {
+	if err := s.start(st.cmd, ""); err != nil {
 		st.closeChild()
 		return "", err
 	}

@@ -254,6 +254,18 @@ func TestIsolatedFibers(t *testing.T) {
 						}
 					}
 				}
+				// It sees its grant's cgroup alone at /sys/fs/cgroup.
+				view, err := os.ReadDir(fmt.Sprintf("/proc/%d/root/sys/fs/cgroup", f.PID))
+				if err != nil {
+					t.Fatal(err)
+				}
+				names := map[string]bool{}
+				for _, e := range view {
+					names[e.Name()] = true
+				}
+				if !names[filepath.Base(leaf.Path())] || !names["cgroup.procs"] || names["unified"] || names[filepath.Base(tree.Root())] {
+					t.Errorf("fiber %d sees at /sys/fs/cgroup %v, want its grant's cgroup alone", i, names)
+				}
 				for _, o := range fibers {
 					if nsOf(t, o.PID, "pid") == nsOf(t, f.PID, "pid") {
 						t.Errorf("fibers %s and %s share a PID namespace", o.Fence, f.Fence)

@@ -145,16 +145,22 @@ func report(msg string) {
 }
 
 // nsinitSetup does, inside the new namespaces, what needs a process there:
-// a /proc of the new PID namespace over the empty-looking one the
-// isolation mount namespace left (see buildIsolationMounts), a fresh tmpfs
-// on /tmp, /var/tmp and /dev/shm (each over the empty read-only one
-// there), the host name, and loopback.
+// a /proc of the new PID namespace over the hidepid one of the isolation
+// mount namespace (see buildIsolationMounts), a fresh tmpfs on /tmp,
+// /var/tmp and /dev/shm (each over the empty read-only one there), the
+// message queues of the new IPC namespace on /dev/mqueue, the host name,
+// and loopback.
 func nsinitSetup(cfg nsinitConfig) error {
 	if err := unix.Mount("proc", "/proc", "proc", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
 		return fmt.Errorf("mount /proc: %w", err)
 	}
 	if err := mountScratch(); err != nil {
 		return err
+	}
+	if st, err := os.Stat("/dev/mqueue"); err == nil && st.IsDir() {
+		if err := unix.Mount("mqueue", "/dev/mqueue", "mqueue", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
+			return fmt.Errorf("mount /dev/mqueue: %w", err)
+		}
 	}
 	if cfg.Hostname != "" {
 		if err := unix.Sethostname([]byte(cfg.Hostname)); err != nil {

@@ -301,7 +301,7 @@ func (z *zygote) start(ctx context.Context, req WarmRequest) (err error) {
 		st := status
 		cleanupOnError(func() error { st.closeParent(); return nil })
 		z.cmd = status.cmd
-		err = p.iso.start(z.cmd)
+		err = p.iso.start(z.cmd, req.Cgroup)
 		status.closeChild()
 	}
 	for _, c := range afterStart {
