@@ -7,8 +7,11 @@ descriptor 3 (CONTROL_FD). The template does its expensive initialisation
 from then on handles:
 
     fiberd -> zygote  "CLONE <fence> <payload-hex|->" with SCM_RIGHTS
-                      [listener] or [listener, leaf cgroup directory]
-    zygote -> fiberd  "CLONED <fence> <pid>"   once the child is set up
+                      [listener] or [listener, leaf], the leaf being the
+                      fiber's cgroup directory or its cgroup.procs open
+                      for writing
+    zygote -> fiberd  "CLONED <fence> <pid>" with SCM_RIGHTS [pidfd of the
+                      child], once the child is set up
                       "ERROR <fence> <reason>" when it could not be
                       "EXITED <fence> exit:<code>" or
                       "EXITED <fence> signal:<SIGNAME>" when the child ended
@@ -20,6 +23,16 @@ the control socket and sets LISTEN_FDS=1, LISTEN_PID=<its pid>, FIBERD_FENCE
 and FIBERD_PAYLOAD (hex; absent when there is no payload). Then it calls
 on_fiber(fiber) and exits: with the int it returns, 0 for None, the code of
 a SystemExit, 1 for any other exception.
+
+With FIBERD_ISOLATION=fiber in the environment (fiberd then leaves the
+zygote CAP_SYS_ADMIN in the grant's user namespace) every child is PID 1 of
+a PID namespace of its own (unshare(CLONE_NEWPID) before os.fork, setns
+back after), and before user code enters mount and IPC namespaces of its
+own, mounts a /proc of its own and a tmpfs on /tmp, /var/tmp and /dev/shm,
+and drops every capability (through ctypes). Like any PID 1 it is not ended
+by a signal it sends itself unless it handles it, and the processes it
+starts end with it. The pid in CLONED is then the child's pid in the
+zygote's namespace; the pidfd names it for fiberd.
 
 serve calls gc.freeze() before READY, so collections in fibers leave the
 zygote's objects (and their pages) alone. serve reaps every child, so a
@@ -267,7 +280,7 @@ class _Zygote:
         if rep[:1] != b"\0":
             os.waitpid(pid, 0)
             why = rep[1:].decode(errors="replace") or "child died"
-            self.send("ERROR %s fiber set-up failed (new session, cgroup entry, descriptor 3): %s" % (fence, why))
+            self.send("ERROR %s fiber set-up failed (new session, cgroup entry, isolation, descriptor 3): %s" % (fence, why))
             return
         self.kids[pid] = fence
         # A pidfd lets fiberd find the fiber whatever PID namespace the
