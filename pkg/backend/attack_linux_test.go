@@ -240,3 +240,50 @@ func TestIsolationAttackControl(t *testing.T) {
 		t.Errorf("without isolation, the victim did not see the planted file: %q", body)
 	}
 }
+
+// TestIsolationZygoteUnmounts: a zygote of IsolationFiber holds
+// CAP_SYS_ADMIN in its user namespace and can unmount what nsinit mounted.
+// What that reveals (the backend's locked covers: a hidepid /proc, empty
+// read-only scratch directories) must show nothing of another grant, of
+// fiberd or of the host's scratch directories; its cgroup view cannot be
+// unmounted at all.
+func TestIsolationZygoteUnmounts(t *testing.T) {
+	b := isoBackend(t, core.TierWarm)
+	tree, _ := cgroupRoot(t)
+	state, socks := fiberdState(t)
+	tag := strconv.Itoa(os.Getpid())
+	uidA, uidB := uidFor(t)+"a", uidFor(t)+"b"
+	cgA, err := tree.Grant(uidA)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cgB, err := tree.Grant(uidB)
+	if err != nil {
+		t.Fatal(err)
+	}
+	warmIn(t, b, uidB, attackerCSpec(t, tag), cgB.Dir.Path(), filepath.Join(state, "grants", uidB))
+	b1 := cloneVictim(t, b, uidB, 1)
+	query := fmt.Sprintf("pids=%d,%d,%d&secrets=%s&socks=%s&dirs=%s,%s,%s",
+		b1.f.PID, zygotePID(t, uidB), os.Getpid(), b1.secret, strings.Join(socks, ","), cgB.Dir.Path(), tree.Root(), state)
+	spec := attackerCSpec(t, tag)
+	spec.Args = append(spec.Args, "--unmount", query)
+	warmIn(t, b, uidA, spec, cgA.Dir.Path(), filepath.Join(state, "grants", uidA))
+	a1 := cloneVictim(t, b, uidA, 1)
+	body, err := get(a1.ep, "/zygote")
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(body), "\n")
+	// /sys/fs/cgroup was bound before the copy: locked, it cannot go.
+	for _, want := range []string{"umount /proc done", "umount /tmp done", "umount /dev/shm done", "umount /sys/fs/cgroup Invalid argument"} {
+		if !strings.Contains(body, want) {
+			t.Errorf("the zygote could not %q, so this proves nothing:\n%s", want, body)
+		}
+	}
+	if o := open(lines); len(o) > 0 {
+		t.Errorf("after unmounting, the zygote reached:\n%s\n(all:\n%s)", strings.Join(o, "\n"), body)
+	}
+	if len(lines) < 15 {
+		t.Errorf("the zygote tried too little:\n%s", body)
+	}
+}

@@ -29,8 +29,15 @@
  * "<attempt> OPEN <what it reached>". Nothing it does harms its target:
  * signal 0 delivers nothing, a seized process is detached untouched.
  *
- * Usage: attacker --tag TAG. Built with the C SDK; started with
- * LISTEN_FDS it serves as the one fiber (the exec backend).
+ * With --unmount QUERY, the zygote itself attacks before it serves: it
+ * unmounts what nsinit mounted over /proc, the scratch directories,
+ * /sys/fs/cgroup and /dev/mqueue (a zygote of IsolationFiber holds
+ * CAP_SYS_ADMIN in its user namespace), then runs the attack of QUERY
+ * (pids=..&secrets=..&dirs=.., as /attack) from there; its fibers answer
+ * GET /zygote with the zygote's lines, "umount <dir> done|<error>" first.
+ *
+ * Usage: attacker --tag TAG [--unmount QUERY]. Built with the C SDK;
+ * started with LISTEN_FDS it serves as the one fiber (the exec backend).
  */
 #define _GNU_SOURCE
 #include <dirent.h>
@@ -41,6 +48,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mount.h>
 #include <sys/ptrace.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -161,11 +169,16 @@ static void attack(struct out *o, char *query)
 	 * environment, command line or scratch files */
 	DIR *d = opendir("/proc");
 	int others = 0, found = 0;
+	char self[32] = "";
+	/* Its own pid as this /proc numbers it (not getpid() when /proc is
+	 * another PID namespace's). */
+	ssize_t sl = readlink("/proc/self", self, sizeof(self) - 1);
+	self[sl > 0 ? sl : 0] = 0;
 	if (d) {
 		struct dirent *e;
 		char path[512];
 		while ((e = readdir(d))) {
-			if (e->d_name[0] < '0' || e->d_name[0] > '9' || atoi(e->d_name) == (int)getpid())
+			if (e->d_name[0] < '0' || e->d_name[0] > '9' || !strcmp(e->d_name, self))
 				continue;
 			if (++others <= 3)
 				say(o, "list /proc/%s OPEN sees another process\n", e->d_name);
@@ -256,6 +269,21 @@ static void attack(struct out *o, char *query)
 	}
 }
 
+static struct out zygote_report;
+
+/* zygote_attack is --unmount: see the top. */
+static void zygote_attack(const char *query)
+{
+	static const char *const dirs[] = {"/proc", "/tmp", "/var/tmp", "/dev/shm", "/sys/fs/cgroup", "/dev/mqueue"};
+	for (size_t i = 0; i < sizeof(dirs) / sizeof(dirs[0]); i++) {
+		int r = umount2(dirs[i], MNT_DETACH);
+		say(&zygote_report, "umount %s %s\n", dirs[i], r == 0 ? "done" : strerror(errno));
+	}
+	char *q = strdup(query);
+	attack(&zygote_report, q);
+	free(q);
+}
+
 static void answer(int c, const char *body, size_t len)
 {
 	char head[256];
@@ -314,6 +342,9 @@ static int serve(void)
 		o.len = 0;
 		if (!strncmp(req, "GET /attack?", 12)) {
 			attack(&o, req + 12);
+		} else if (!strcmp(req, "GET /zygote")) {
+			memcpy(o.buf, zygote_report.buf, zygote_report.len);
+			o.len = zygote_report.len;
 		} else if (!strcmp(req, "GET /planted")) {
 			char pl[256];
 			snprintf(pl, sizeof(pl), "/tmp/fiberd-attack-%s-planted", tag);
@@ -335,10 +366,16 @@ static int on_fiber(const struct fz_fiber *f, void *arg)
 
 int main(int argc, char **argv)
 {
-	for (int i = 1; i + 1 < argc; i += 2)
+	const char *unmount = NULL;
+	for (int i = 1; i + 1 < argc; i += 2) {
 		if (!strcmp(argv[i], "--tag"))
 			tag = argv[i + 1];
+		else if (!strcmp(argv[i], "--unmount"))
+			unmount = argv[i + 1];
+	}
 	if (fz_socket_activated())
 		return serve();
+	if (unmount)
+		zygote_attack(unmount);
 	return fz_serve(FZ_CONTROL_FD, on_fiber, NULL) < 0 ? 2 : 0;
 }

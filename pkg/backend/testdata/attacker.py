@@ -71,8 +71,9 @@ def attack(query):
     pids, secrets = q.get("pids", []), q.get("secrets", [])
     out = []
     others, found = 0, False
+    self_pid = os.readlink("/proc/self")  # as this /proc numbers it
     for e in os.listdir("/proc"):
-        if not e.isdigit() or int(e) == os.getpid():
+        if not e.isdigit() or e == self_pid:
             continue
         others += 1
         if others <= 3:
