@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"fiberd.io/fiberd/pkg/backend"
 	"fiberd.io/fiberd/pkg/endpoint"
 	"fiberd.io/fiberd/pkg/fiberd"
 	"fiberd.io/fiberd/pkg/grant"
@@ -54,6 +55,7 @@ type options struct {
 	thrashRate            float64
 	thrashBurst           int
 	pressureThreshold     float64
+	isolation             backend.Isolation
 	tlsCert, tlsKey       string
 	clientCA              string
 	insecurePlaintext     bool
@@ -115,6 +117,7 @@ func parseFlags(args []string, env environ, usage io.Writer) (options, error) {
 	portRange := fs.String("port-range", fiberd.DefaultPortRange, "TCP ports of inet fibers, FIRST-LAST")
 	fs.StringVar(&o.cgroupRoot, "cgroup-root", "", "cgroup v2 directory fibers are carved under (default a delegated subtree of fiberd's own cgroup; \"none\" for no cgroups)")
 	devices := fs.String("devices", "", "comma-separated device paths or ids handed to every template (standalone)")
+	isolation := fs.String("isolation", string(backend.IsolationNone), "how far grants and fibers are kept apart: none, grant (a user and namespaces per grant) or fiber (also a PID namespace and /tmp per fiber); the host may allow less, which is logged")
 	fs.DurationVar(&o.staleTTL, "stale-ttl", standalone.DefaultStaleTTL, "how long the control plane may be silent before misses turn from DEFERRED_FALLBACK to SHED (0: the home's default)")
 	fs.Float64Var(&o.thrashRate, "thrash-rate", fiberd.DefaultThrashRate, "Clones per second admitted in the long run; more are SHED (0: the default)")
 	fs.IntVar(&o.thrashBurst, "thrash-burst", fiberd.DefaultThrashBurst, "Clones admitted at once before the thrash rate applies (0: the default)")
@@ -169,6 +172,9 @@ func parseFlags(args []string, env environ, usage io.Writer) (options, error) {
 	}
 	if o.cgroupRoot == "none" {
 		o.cgroupRoot, o.noCgroups = "", true
+	}
+	if o.isolation, err = backend.ParseIsolation(*isolation); err != nil {
+		return o, bad("isolation", "%v", err)
 	}
 
 	if err := o.check(set, env); err != nil {

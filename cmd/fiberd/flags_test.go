@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"fiberd.io/fiberd/pkg/backend"
 	"fiberd.io/fiberd/pkg/endpoint"
 	"fiberd.io/fiberd/pkg/fiberd"
 )
@@ -38,6 +39,7 @@ func TestParseFlagsDefaults(t *testing.T) {
 		thrashRate: fiberd.DefaultThrashRate, thrashBurst: fiberd.DefaultThrashBurst,
 		pressureThreshold: fiberd.DefaultPressureThreshold,
 		endpointFamily:    endpoint.Unix,
+		isolation:         backend.IsolationNone,
 	}
 	want.portRange, _ = endpoint.ParsePortRange(fiberd.DefaultPortRange)
 	if !reflect.DeepEqual(o, want) {
@@ -150,6 +152,14 @@ func TestParseFlagsModes(t *testing.T) {
 			},
 		},
 		{
+			name: "isolation", args: append(standaloneArgs, "-isolation", "fiber"), env: testEnv,
+			check: func(t *testing.T, o options) {
+				if o.isolation != backend.IsolationFiber {
+					t.Errorf("isolation %q, want fiber", o.isolation)
+				}
+			},
+		},
+		{
 			name: "pressure shedding off", args: append(standaloneArgs, "-pressure-threshold", "0"), env: testEnv,
 			check: func(t *testing.T, o options) {
 				if o.pressureThreshold != 0 {
@@ -188,6 +198,7 @@ func TestParseFlagsRefusals(t *testing.T) {
 		{"double-dash unknown", sa("--nope=1"), testEnv, "-nope"},
 		{"positional argument", sa("extra"), testEnv, "extra"},
 		{"bad home", sa("-home", "nomad"), testEnv, "-home"},
+		{"bad isolation", sa("-isolation", "full"), testEnv, "-isolation"},
 		{"no issuer", []string{"-templates", "/t", "-listen="}, testEnv, "-issuer"},
 		{"issuer not https", []string{"-issuer", "http://issuer.example", "-templates", "/t", "-listen="}, testEnv, "-issuer"},
 		{"issuer not a URL", []string{"-issuer", "issuer", "-templates", "/t", "-listen="}, testEnv, "-issuer"},

@@ -165,12 +165,19 @@ func build(ctx context.Context, o options, log logr.Logger) (*fiberd.Agent, erro
 	if err != nil {
 		return nil, err
 	}
-	warm, err := backend.NewProc(backend.Config{Logger: log.WithName("proc")})
+	// One pool of ids for both backends: no grant of one may run as a
+	// user a grant of the other runs as.
+	ids, err := backend.NewIDPool(backend.DefaultIDFirst, backend.DefaultIDCount)
+	if err != nil {
+		h.Close()
+		return nil, err
+	}
+	warm, err := backend.NewProc(backend.Config{Logger: log.WithName("proc"), Isolation: o.isolation, IDs: ids})
 	if err != nil {
 		h.Close()
 		return nil, fmt.Errorf("proc backend: %w", err)
 	}
-	basic, err := backend.NewExec(backend.Config{Logger: log.WithName("exec")})
+	basic, err := backend.NewExec(backend.Config{Logger: log.WithName("exec"), Isolation: o.isolation, IDs: ids})
 	if err != nil {
 		warm.Close()
 		h.Close()

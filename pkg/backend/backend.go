@@ -36,12 +36,27 @@ type Backend interface {
 	// this tier (core.ErrTierGap), the request is malformed
 	// (core.ErrInvalid), the process cannot start, or it is not READY
 	// before Config.WarmTimeout or ctx ends; then nothing is left
-	// running. The agent calls it when it admits a grant.
+	// running. A grant the backend cannot isolate as far as
+	// req.MinIsolation asks, or whose template asks for "network": "none"
+	// where Isolation().NetworkNone is false, is refused with
+	// core.ErrTierGap. The agent calls it when it admits a grant.
 	Warm(ctx context.Context, req WarmRequest) error
 
 	// Warmed reports whether the grant is warm: Warm succeeded and,
 	// for Proc, its zygote has not died since.
 	Warmed(grantUID string) bool
+
+	// Isolation reports the isolation this backend gives on this host:
+	// the most a grant gets, whether "network": "none" can be served, and
+	// what is missing for more. It is found once, when the backend is
+	// created, and never changes. The agent shows it at start-up.
+	Isolation() IsolationSupport
+
+	// GrantIsolation reports the isolation a warm grant got: the least of
+	// Isolation().Level and what its template allows ("isolation":
+	// "shared" allows IsolationGrant at most). It is "" when the grant is
+	// not warm. The agent shows it per grant in status and metrics.
+	GrantIsolation(grantUID string) Isolation
 
 	// Clone creates one fiber of a warm grant and returns once its
 	// process exists and is in its leaf (user code may not have run yet;
@@ -106,6 +121,10 @@ type WarmRequest struct {
 	// the default working directory, and the home of the log file
 	// (zygote.log for Proc, fibers.log for Exec) that takes the
 	// template's stdout and stderr up to Config.LogMaxBytes. Required.
+	// An isolated grant (GrantIsolation not IsolationNone) works in
+	// RunDir/home instead, a directory the backend creates owned by the
+	// grant's user (the template cannot reach RunDir itself, nor write
+	// its log file).
 	RunDir string
 	// Records, when set, is where the backend records the processes it
 	// starts for the grant that no cgroup holds: Proc's zygote, and each
@@ -114,6 +133,10 @@ type WarmRequest struct {
 	// so a fiberd restarted after a crash ends what is left
 	// (procrec.Dir.Sweep). Nil (the default) records nothing.
 	Records *procrec.Dir
+	// MinIsolation is the least isolation the grant may run with; Warm
+	// fails with core.ErrTierGap when the grant would get less. Default
+	// IsolationNone: any.
+	MinIsolation Isolation
 }
 
 // CloneRequest asks a backend for one fiber.
@@ -138,8 +161,15 @@ type CloneRequest struct {
 type Fiber struct {
 	// Fence is the fiber's fence, as requested.
 	Fence core.Fence
-	// PID is the fiber's process id (in fiberd's pid namespace).
+	// PID is the fiber's process id in fiberd's PID namespace (not the
+	// one the zygote reported from its own namespace).
 	PID int
+	// Isolation is the isolation the fiber got: its grant's, except that
+	// a fiber the zygote did not put in PID and mount namespaces of its
+	// own (a zygote without the SDK's support) reports IsolationGrant
+	// under a grant of IsolationFiber. The proc backend checks it on the
+	// process itself.
+	Isolation Isolation
 }
 
 // Exit reports that a fiber, or a grant's zygote, ended.
@@ -218,6 +248,21 @@ type Config struct {
 	// the fiber's own pid before it execs the template (the pid is not
 	// known before the fork). Must be a POSIX sh. Default "/bin/sh".
 	Shell string
+	// Isolation is the most isolation the backend gives a grant. Default
+	// IsolationNone (fibers run as fiberd, in its namespaces). With more,
+	// the backend finds at creation what the host allows (it needs root,
+	// or CAP_SYS_ADMIN, CAP_SETUID and CAP_SETGID, and user namespaces),
+	// gives every grant at most that, and logs one line saying what is
+	// missing when it is less than asked (see Backend.Isolation). The exec
+	// backend starts every fiber isolated on its own, so any level above
+	// none gives its fibers IsolationFiber.
+	Isolation Isolation
+	// IDs is the pool of user and group ids isolated grants run as.
+	// Default: a pool of the backend's own of DefaultIDCount ids from
+	// DefaultIDFirst. Give both backends of one fiberd the same pool, or
+	// a grant of one and a grant of the other may run as the same user.
+	// Unused without isolation.
+	IDs *IDPool
 }
 
 // DefaultPath is Config.Path's default.
@@ -234,6 +279,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("backend: Config.LogMaxBytes %d is negative: leave it 0 for 1 MiB", c.LogMaxBytes)
 	case c.Shell != "" && !filepath.IsAbs(c.Shell):
 		return fmt.Errorf("backend: Config.Shell %q is not absolute: give the full path of a POSIX sh", c.Shell)
+	case c.Isolation.rank() < 0:
+		return fmt.Errorf("backend: Config.Isolation %q: want %q, %q or %q", string(c.Isolation), IsolationNone, IsolationGrant, IsolationFiber)
 	}
 	return nil
 }
@@ -261,6 +308,9 @@ func (c Config) withDefaults() Config {
 	if c.Shell == "" {
 		c.Shell = "/bin/sh"
 	}
+	if c.Isolation == "" {
+		c.Isolation = IsolationNone
+	}
 	return c
 }
 
@@ -273,6 +323,8 @@ func checkWarm(req WarmRequest) error {
 		return fmt.Errorf("grant %q: warm: RunDir is empty: %w", req.Grant.UID, core.ErrInvalid)
 	case req.Cgroup != "" && !filepath.IsAbs(req.Cgroup):
 		return fmt.Errorf("grant %q: warm: Cgroup %q is not absolute: %w", req.Grant.UID, req.Cgroup, core.ErrInvalid)
+	case req.MinIsolation.rank() < 0:
+		return fmt.Errorf("grant %q: warm: MinIsolation %q is not a level: %w", req.Grant.UID, string(req.MinIsolation), core.ErrInvalid)
 	}
 	if err := req.Spec.Validate(); err != nil {
 		return fmt.Errorf("grant %q: %w", req.Grant.UID, err)

@@ -29,6 +29,10 @@ type unsupported struct{}
 func (unsupported) Tier() core.Tier                         { return "" }
 func (unsupported) Warm(context.Context, WarmRequest) error { return errUnsupported }
 func (unsupported) Warmed(string) bool                      { return false }
+func (unsupported) Isolation() IsolationSupport {
+	return IsolationSupport{Level: IsolationNone, Missing: "fibers need Linux"}
+}
+func (unsupported) GrantIsolation(string) Isolation { return "" }
 func (unsupported) Clone(context.Context, CloneRequest) (Fiber, error) {
 	return Fiber{}, errUnsupported
 }

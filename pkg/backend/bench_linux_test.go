@@ -63,36 +63,73 @@ func BenchmarkCloneToFirstByte(b *testing.B) {
 	for _, bc := range benchCases {
 		b.Run(bc.name, func(b *testing.B) {
 			be := newBackend(b, bc.tier)
-			uid := uidFor(b)
-			warm(b, be, uid, bc.kind.spec(b, "--init-ms", "200"), "")
-			ctx := context.Background()
-			lat := make([]time.Duration, 0, b.N)
-			b.ResetTimer()
-			for i := 0; i < b.N; i++ {
-				b.StopTimer()
-				ep := listen(b, i%2 == 0)
-				f := fence(uid, uint64(i+1))
-				b.StartTimer()
-				start := time.Now()
-				if _, err := be.Clone(ctx, CloneRequest{Fence: f, Listener: ep.file}); err != nil {
-					b.Fatal(err)
-				}
-				if err := firstByte(ep); err != nil {
-					b.Fatal(err)
-				}
-				lat = append(lat, time.Since(start))
-				b.StopTimer()
-				if err := be.Kill(ctx, f); err != nil {
-					b.Fatal(err)
-				}
-				<-be.Exits()
-				ep.file.Close()
-				b.StartTimer()
-			}
-			b.StopTimer()
-			reportLatency(b, lat, "")
+			benchCloneToFirstByte(b, be, bc.kind)
 		})
 	}
+}
+
+// BenchmarkIsolatedCloneToFirstByte is BenchmarkCloneToFirstByte for warm
+// templates with and without isolation (IsolationFiber: the zygote in
+// namespaces of the grant's, each fiber in PID, mount and IPC namespaces of
+// its own with its own /proc and scratch tmpfs mounts). Python runs the
+// system interpreter both ways, which an isolated grant's user can read.
+func BenchmarkIsolatedCloneToFirstByte(b *testing.B) {
+	for _, bc := range []struct {
+		name string
+		tier core.Tier
+		kind kind
+		iso  bool
+	}{
+		{"warm-c", core.TierWarm, kindC, false},
+		{"warm-c-isolated", core.TierWarm, kindC, true},
+		{"warm-python", core.TierWarm, kindPythonSys, false},
+		{"warm-python-isolated", core.TierWarm, kindPythonSys, true},
+		{"exec-c", core.TierBasic, kindC, false},
+		{"exec-c-isolated", core.TierBasic, kindC, true},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			var be Backend
+			if bc.iso {
+				be = isoBackend(b, bc.tier)
+			} else {
+				be = newBackend(b, bc.tier)
+			}
+			benchCloneToFirstByte(b, be, bc.kind)
+		})
+	}
+}
+
+// benchCloneToFirstByte warms a grant of kind (200 ms of init) on be and
+// times b.N clones to their first byte, releasing each outside the timer.
+func benchCloneToFirstByte(b *testing.B, be Backend, k kind) {
+	uid := uidFor(b)
+	warm(b, be, uid, k.spec(b, "--init-ms", "200"), "")
+	ctx := context.Background()
+	lat := make([]time.Duration, 0, b.N)
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		b.StopTimer()
+		ep := listen(b, i%2 == 0)
+		f := fence(uid, uint64(i+1))
+		b.StartTimer()
+		start := time.Now()
+		if _, err := be.Clone(ctx, CloneRequest{Fence: f, Listener: ep.file}); err != nil {
+			b.Fatal(err)
+		}
+		if err := firstByte(ep); err != nil {
+			b.Fatal(err)
+		}
+		lat = append(lat, time.Since(start))
+		b.StopTimer()
+		if err := be.Kill(ctx, f); err != nil {
+			b.Fatal(err)
+		}
+		<-be.Exits()
+		ep.file.Close()
+		b.StartTimer()
+	}
+	b.StopTimer()
+	reportLatency(b, lat, "")
 }
 
 // BenchmarkBurst50 clones 50 fibers at once and measures until every one

@@ -25,22 +25,35 @@ type common struct {
 	cfg   Config
 	log   logr.Logger
 	exits *exitQueue
+	iso   *sandbox
 	wg    sync.WaitGroup
 }
 
-// init validates cfg, fills its defaults and starts the exit queue.
-func (c *common) init(cfg Config, name string) error {
+// init validates cfg, fills its defaults, finds the isolation the host
+// allows (perFiber: see newSandbox) and starts the exit queue.
+func (c *common) init(cfg Config, name string, perFiber bool) error {
 	if err := cfg.Validate(); err != nil {
 		return err
 	}
 	c.cfg = cfg.withDefaults()
 	c.log = c.cfg.Logger.WithName(name)
+	if c.cfg.IDs == nil {
+		ids, err := NewIDPool(DefaultIDFirst, DefaultIDCount)
+		if err != nil {
+			return err
+		}
+		c.cfg.IDs = ids
+	}
+	c.iso = newSandbox(c.cfg, c.log, perFiber)
 	c.exits = newExitQueue()
 	return nil
 }
 
 // Exits implements Backend.
 func (c *common) Exits() <-chan Exit { return c.exits.out }
+
+// Isolation implements Backend.
+func (c *common) Isolation() IsolationSupport { return c.iso.support }
 
 // shutdown is the shared half of Close: it runs every grant's stop under
 // one KillTimeout, waits for every goroutine the backend started, closes
@@ -55,6 +68,7 @@ func (c *common) shutdown(stops []func(context.Context) error) error {
 	}
 	cancel()
 	c.wg.Wait()
+	c.iso.close()
 	c.exits.close()
 	return errors.Join(errs...)
 }

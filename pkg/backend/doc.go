@@ -26,8 +26,15 @@
 //
 //	zygote -> fiberd  READY
 //	fiberd -> zygote  CLONE <fence> <payload-hex|->   + SCM_RIGHTS [listener, leaf?]
-//	zygote -> fiberd  CLONED <fence> <pid>  |  ERROR <fence> <reason>
+//	zygote -> fiberd  CLONED <fence> <pid> [+ SCM_RIGHTS [pidfd]]  |  ERROR <fence> <reason>
 //	zygote -> fiberd  EXITED <fence> exit:<N>|signal:<SIGNAME>
+//
+// The leaf is the fiber's cgroup directory, or, for an isolated zygote
+// (whose user may not open it), its cgroup.procs already opened for
+// writing by fiberd; the kernel checks the opener. CLONED's pid is in the
+// zygote's PID namespace; a pidfd of the fiber attached to it lets fiberd
+// find the process in its own (without one, fiberd looks the pid up among
+// the zygote's children, by NSpid).
 //
 // The zygote forks; the child starts a new session, enters the leaf (writes
 // "0" to cgroup.procs through the leaf descriptor), gets the listener as
@@ -47,6 +54,35 @@
 // shim, Config.Shell -c 'LISTEN_PID=$$; export LISTEN_PID; exec "$0" "$@"',
 // which keeps its pid across the exec; so any socket-activated server works
 // unchanged.
+//
+// # Isolation
+//
+// With Config.Isolation above IsolationNone, and the privilege (root, or
+// CAP_SYS_ADMIN, CAP_SETUID and CAP_SETGID, with user namespaces), a
+// backend isolates grants; Backend.Isolation says how far it can, found
+// by a probe at creation, and one log line says what is missing when it is
+// less than asked. A grant's zygote (or each exec fiber) starts as nsinit,
+// this package's binary again, in new user, mount, PID, IPC and UTS
+// namespaces (and network with "network": "none"), as a uid and gid of
+// its own from Config.IDs mapped to themselves, with no supplementary
+// group and no_new_privs; nsinit mounts the grant's /proc, tmpfs scratch
+// directories and message queues, shows the grant its own cgroup at
+// /sys/fs/cgroup, sets the host name to the grant's UID, brings loopback
+// up, starts in RunDir/home (owned by that uid) and execs the template
+// from a descriptor fiberd opened. The mounts it covers were covered in a
+// mount namespace built once by the backend and copied for the grant, so
+// the kernel locks them. See isolate_linux.go and nsinit_linux.go.
+//
+// The PID namespaces, for whoever walks or checkpoints them (CRIU): at
+// IsolationGrant and above the zygote is PID 1 of the grant's namespace,
+// a child of fiberd's; at IsolationFiber each fiber of a zygote is PID 1 of
+// a namespace of its own, a child of the grant's (the SDKs do it:
+// unshare(CLONE_NEWPID), fork, setns back), with its own mount and IPC
+// namespaces, and the zygote keeps CAP_SYS_ADMIN in the grant's user
+// namespace for that; an exec fiber is PID 1 of its own namespace, a
+// child of fiberd's. A PID 1 dies with its namespace's processes: the
+// kernel ends every fiber with its zygote, and every process a fiber
+// started with the fiber. Fiber.PID is always fiberd's view.
 //
 // # Cgroups and killing
 //

@@ -43,7 +43,7 @@ var _ Backend = (*Exec)(nil)
 // NewExec validates cfg and returns an Exec with no grant warm.
 func NewExec(cfg Config) (*Exec, error) {
 	e := &Exec{grants: map[string]*execGrant{}}
-	if err := e.init(cfg, "exec"); err != nil {
+	if err := e.init(cfg, "exec", true); err != nil {
 		return nil, err
 	}
 	return e, nil
@@ -60,6 +60,14 @@ type execGrant struct {
 	dir  string
 	out  *logPipe     // fibers.log: every fiber's stdout and stderr
 	recs *procrec.Dir // where fibers without a leaf are recorded; may be nil
+	// level is the grant's isolation. When isolated, id is its user and
+	// group (held in the pool until Stop), and command and home are the
+	// template and the home directory, open for every fiber's nsinit.
+	level   Isolation
+	id      uint32
+	command *os.File
+	home    *os.File
+	cgroup  string // the grant's cgroup, shown to its fibers
 
 	inflight sync.WaitGroup // Clones between their check and their registration
 
@@ -82,15 +90,41 @@ func (e *Exec) Warmed(grantUID string) bool {
 	return !g.stopping
 }
 
+// GrantIsolation implements Backend.
+func (e *Exec) GrantIsolation(grantUID string) Isolation {
+	e.mu.Lock()
+	g := e.grants[grantUID]
+	e.mu.Unlock()
+	if g == nil {
+		return ""
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.stopping {
+		return ""
+	}
+	return g.level
+}
+
 // Warm implements Backend: it resolves the command, opens the grant's log
 // (RunDir/fibers.log) and records the request. It starts no process. Any
 // spec is accepted, zygote or not: a zygote template started with
-// LISTEN_FDS serves as one fiber (the SDKs' socket_activated check).
+// LISTEN_FDS serves as one fiber (the SDKs' socket_activated check). An
+// isolated grant also gets its user (from Config.IDs) and its home
+// directory, and its command is opened for nsinit (see isolate_linux.go).
 func (e *Exec) Warm(ctx context.Context, req WarmRequest) error {
 	if err := checkWarm(req); err != nil {
 		return err
 	}
 	uid := req.Grant.UID
+	level, err := e.iso.grantLevel(req)
+	if err != nil {
+		return err
+	}
+	// Each exec fiber has namespaces of its own: "shared" changes nothing.
+	if level == IsolationGrant {
+		level = IsolationFiber
+	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.closed {
@@ -114,8 +148,16 @@ func (e *Exec) Warm(ctx context.Context, req WarmRequest) error {
 	}
 	g := &execGrant{
 		uid: uid, spec: req.Spec, path: path,
-		env: fiberdEnv(e.cfg.Path, req), dir: workdir(req.Spec, req.RunDir), out: lp, recs: req.Records,
+		env: append(fiberdEnv(e.cfg.Path, req), isolationEnv(level)), dir: workdir(req.Spec, req.RunDir), out: lp, recs: req.Records,
+		level:  level,
+		cgroup: req.Cgroup,
 		fibers: map[string]*fiber{}, starting: map[string]bool{},
+	}
+	if level != IsolationNone {
+		if err := e.isolate(g, req); err != nil {
+			_ = lp.abort()
+			return fmt.Errorf("grant %q: warm: %w", uid, err)
+		}
 	}
 	e.wg.Add(1)
 	go func() { defer e.wg.Done(); lp.copy() }()
@@ -124,8 +166,41 @@ func (e *Exec) Warm(ctx context.Context, req WarmRequest) error {
 	return nil
 }
 
+// isolate gives g its user, opens its command and makes its home
+// directory. On failure nothing is held.
+func (e *Exec) isolate(g *execGrant, req WarmRequest) (err error) {
+	if g.id, err = e.cfg.IDs.acquire(g.uid); err != nil {
+		return err
+	}
+	defer func() {
+		if err != nil {
+			g.release(e.cfg.IDs)
+		}
+	}()
+	if g.command, err = openCommand(g.path); err != nil {
+		return err
+	}
+	if req.Spec.Workdir == "" {
+		g.home, err = homeDir(req.RunDir, g.id)
+	}
+	return err
+}
+
+// release gives back what isolate took.
+func (g *execGrant) release(ids *IDPool) {
+	if g.command != nil {
+		_ = g.command.Close()
+	}
+	if g.home != nil {
+		_ = g.home.Close()
+	}
+	ids.release(g.uid)
+}
+
 // Clone implements Backend: fork+exec of the shim and the template, with
-// the listener as descriptor 3 and the child born in req.Leaf.
+// the listener as descriptor 3 and the child born in req.Leaf. An isolated
+// fiber is started through nsinit, which sets LISTEN_PID itself (it is PID
+// 1 of its namespace), and Clone returns once the template runs.
 func (e *Exec) Clone(ctx context.Context, req CloneRequest) (Fiber, error) {
 	if err := checkClone(req); err != nil {
 		return Fiber{}, err
@@ -163,28 +238,40 @@ func (e *Exec) Clone(ctx context.Context, req CloneRequest) (Fiber, error) {
 	if len(req.Payload) > 0 {
 		env = append(env, "FIBERD_PAYLOAD="+hex.EncodeToString(req.Payload))
 	}
-	attr := &syscall.SysProcAttr{Setsid: true, Pdeathsig: syscall.SIGKILL}
+	cgroupFD := -1
 	if req.Leaf != "" {
 		lf, err := cgroup.At(req.Leaf).Open()
 		if err != nil {
 			return Fiber{}, fmt.Errorf("fiber %s: %w", fs, err)
 		}
 		defer lf.Close()
-		attr.UseCgroupFD = true
-		attr.CgroupFD = int(lf.Fd())
+		cgroupFD = int(lf.Fd())
 	}
-	cmd := &exec.Cmd{
-		Path:        e.cfg.Shell,
-		Args:        append([]string{"sh", "-c", execShim, g.path}, g.spec.Args...),
-		Env:         env,
-		Dir:         g.dir,
-		Stdout:      g.out.w,
-		Stderr:      g.out.w,
-		ExtraFiles:  []*os.File{req.Listener},
-		SysProcAttr: attr,
-	}
-	if err := cmd.Start(); err != nil {
-		return Fiber{}, fmt.Errorf("fiber %s: start: %w", fs, err)
+	var cmd *exec.Cmd
+	if g.level == IsolationNone {
+		attr := &syscall.SysProcAttr{Setsid: true, Pdeathsig: syscall.SIGKILL}
+		if cgroupFD >= 0 {
+			attr.UseCgroupFD = true
+			attr.CgroupFD = cgroupFD
+		}
+		cmd = &exec.Cmd{
+			Path:        e.cfg.Shell,
+			Args:        append([]string{"sh", "-c", execShim, g.path}, g.spec.Args...),
+			Env:         env,
+			Dir:         g.dir,
+			Stdout:      g.out.w,
+			Stderr:      g.out.w,
+			ExtraFiles:  []*os.File{req.Listener},
+			SysProcAttr: attr,
+		}
+		if err := cmd.Start(); err != nil {
+			return Fiber{}, fmt.Errorf("fiber %s: start: %w", fs, err)
+		}
+	} else {
+		var err error
+		if cmd, err = e.startIsolated(ctx, g, req, env, cgroupFD); err != nil {
+			return Fiber{}, fmt.Errorf("fiber %s: start: %w", fs, err)
+		}
 	}
 	f := newFiber(req.Fence, cmd.Process.Pid, req.Leaf)
 	if req.Leaf == "" && g.recs != nil {
@@ -196,6 +283,7 @@ func (e *Exec) Clone(ctx context.Context, req CloneRequest) (Fiber, error) {
 			}
 		}
 	}
+	f.level = g.level
 	g.mu.Lock()
 	g.fibers[fs] = f
 	g.mu.Unlock()
@@ -210,7 +298,36 @@ func (e *Exec) Clone(ctx context.Context, req CloneRequest) (Fiber, error) {
 		}
 		g.mu.Unlock()
 	}()
-	return Fiber{Fence: req.Fence, PID: f.pid}, nil
+	return Fiber{Fence: req.Fence, PID: f.pid, Isolation: f.level}, nil
+}
+
+// startIsolated starts one fiber of an isolated grant through nsinit and
+// waits until the template runs (or ctx ends). On failure the process is
+// gone.
+func (e *Exec) startIsolated(ctx context.Context, g *execGrant, req CloneRequest, env []string, cgroupFD int) (*exec.Cmd, error) {
+	network := g.spec.Network == template.NetworkNone
+	st, err := e.iso.prepare(isoStart{
+		id: g.id, network: network,
+		cfg: nsinitConfig{Hostname: hostname(g.uid), Loopback: network, Workdir: g.spec.Workdir, ListenPID: true},
+		fd3: req.Listener, command: g.command, home: g.home,
+		argv: append([]string{g.spec.Command}, g.spec.Args...), env: env, out: g.out.w, cgroupFD: cgroupFD,
+	})
+	if err != nil {
+		return nil, err
+	}
+	defer st.closeParent()
+	err = e.iso.start(st.cmd, g.cgroup)
+	st.closeChild()
+	if err != nil {
+		return nil, err
+	}
+	wctx, cancel := core.WithTimeout(ctx, e.cfg.Clock, e.cfg.WarmTimeout)
+	defer cancel()
+	if err := waitStatus(wctx, st); err != nil {
+		_ = st.cmd.Wait()
+		return nil, err
+	}
+	return st.cmd, nil
 }
 
 // Kill implements Backend.
@@ -280,6 +397,9 @@ func (e *Exec) stop(ctx context.Context, g *execGrant) error {
 	}
 	// Every fiber is gone: close the log pipe and let the copier drain.
 	g.out.drain(ctx, e.cfg.Clock)
+	if g.level != IsolationNone {
+		g.release(e.cfg.IDs)
+	}
 	e.log.Info("Grant stopped", "grant", g.uid, "fibers", len(fibers))
 	return nil
 }

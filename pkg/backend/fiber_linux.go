@@ -25,6 +25,8 @@ type fiber struct {
 	// rec is the fiber's process record (see procrec), the zero Record
 	// when it has a leaf or none was made; finish removes it.
 	rec procrec.Record
+	// level is the isolation the fiber got.
+	level Isolation
 
 	killed atomic.Bool   // set by Kill or Stop before the kill is sent
 	silent atomic.Bool   // a fiber whose Clone was abandoned: no Exit

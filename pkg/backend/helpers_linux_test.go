@@ -43,8 +43,9 @@ var (
 	buildErr  error
 )
 
-// counterC builds examples/templates/c/counter.c with the C SDK (once per
-// test binary) and returns the binary, or skips when cc is missing.
+// counterC builds examples/templates/c/counter.c (and testdata/attacker.c)
+// with the C SDK, once per test binary, and returns the counter, or skips
+// when cc is missing.
 func counterC(tb testing.TB) string {
 	tb.Helper()
 	if _, err := exec.LookPath("cc"); err != nil {
@@ -55,7 +56,7 @@ func counterC(tb testing.TB) string {
 		if buildErr != nil {
 			return
 		}
-		out, err := exec.Command("../../sdk/zygote/c/build.sh", buildDir, "../../examples/templates/c/counter.c").CombinedOutput()
+		out, err := exec.Command("../../sdk/zygote/c/build.sh", buildDir, "../../examples/templates/c/counter.c", "testdata/attacker.c").CombinedOutput()
 		if err != nil {
 			buildErr = fmt.Errorf("build.sh: %v\n%s", err, out)
 		}
@@ -64,6 +65,11 @@ func counterC(tb testing.TB) string {
 		tb.Fatal(buildErr)
 	}
 	return filepath.Join(buildDir, "counter")
+}
+
+// attackerC is testdata/attacker.c built with the C SDK (see counterC).
+func attackerC(tb testing.TB) string {
+	return filepath.Join(filepath.Dir(counterC(tb)), "attacker")
 }
 
 var (

@@ -42,7 +42,7 @@ var _ Backend = (*Proc)(nil)
 // process; the exit queue's goroutine runs until Close.
 func NewProc(cfg Config) (*Proc, error) {
 	p := &Proc{zygotes: map[string]*zygote{}}
-	if err := p.init(cfg, "proc"); err != nil {
+	if err := p.init(cfg, "proc", false); err != nil {
 		return nil, err
 	}
 	return p, nil
@@ -62,6 +62,10 @@ type zygote struct {
 	out  *logPipe       // zygote.log, its stdout and stderr; set by start
 	recs *procrec.Dir   // where the zygote and its fibers without a leaf are recorded; may be nil
 	rec  procrec.Record // the zygote's own record; set by start, removed by wait
+	// level is the grant's isolation; id its user and group when isolated
+	// (held in the pool from start until wait has torn down).
+	level Isolation
+	id    uint32
 
 	ready      chan struct{} // closed on READY
 	readerDone chan struct{} // closed when the reader has stopped
@@ -101,8 +105,25 @@ func (p *Proc) Warmed(grantUID string) bool {
 	return z.warm && !z.cold && !z.stopping
 }
 
+// GrantIsolation implements Backend.
+func (p *Proc) GrantIsolation(grantUID string) Isolation {
+	p.mu.Lock()
+	z := p.zygotes[grantUID]
+	p.mu.Unlock()
+	if z == nil {
+		return ""
+	}
+	z.mu.Lock()
+	defer z.mu.Unlock()
+	if !z.warm || z.cold || z.stopping {
+		return ""
+	}
+	return z.level
+}
+
 // Warm implements Backend: it starts the zygote with the control socket as
-// descriptor 3 and waits for READY.
+// descriptor 3 and waits for READY. An isolated zygote is started through
+// nsinit (see isolate_linux.go).
 func (p *Proc) Warm(ctx context.Context, req WarmRequest) error {
 	if err := checkWarm(req); err != nil {
 		return err
@@ -110,6 +131,10 @@ func (p *Proc) Warm(ctx context.Context, req WarmRequest) error {
 	uid := req.Grant.UID
 	if !req.Spec.Zygote {
 		return fmt.Errorf("grant %q: template %q is not a zygote (spec says zygote: false), so it cannot be served warm: %w", uid, req.Grant.Template, core.ErrTierGap)
+	}
+	level, err := p.iso.grantLevel(req)
+	if err != nil {
+		return err
 	}
 	for {
 		p.mu.Lock()
@@ -119,7 +144,7 @@ func (p *Proc) Warm(ctx context.Context, req WarmRequest) error {
 		}
 		z := p.zygotes[uid]
 		if z == nil {
-			z = p.newZygote(uid, req.Spec)
+			z = p.newZygote(uid, req.Spec, level)
 			z.recs = req.Records
 			p.zygotes[uid] = z
 			p.mu.Unlock()
@@ -167,9 +192,9 @@ func (p *Proc) Warm(ctx context.Context, req WarmRequest) error {
 	}
 }
 
-func (p *Proc) newZygote(uid string, spec template.Spec) *zygote {
+func (p *Proc) newZygote(uid string, spec template.Spec, level Isolation) *zygote {
 	return &zygote{
-		p: p, uid: uid, spec: spec,
+		p: p, uid: uid, spec: spec, level: level,
 		ready: make(chan struct{}), readerDone: make(chan struct{}), dead: make(chan struct{}),
 		pending: map[string]*pendingClone{}, fibers: map[string]*fiber{},
 	}
@@ -183,10 +208,18 @@ func (z *zygote) start(ctx context.Context, req WarmRequest) (err error) {
 	launched := false
 	defer func() {
 		if err != nil && !launched {
+			if z.level != IsolationNone {
+				p.cfg.IDs.release(z.uid)
+			}
 			close(z.readerDone)
 			close(z.dead)
 		}
 	}()
+	if z.level != IsolationNone {
+		if z.id, err = p.cfg.IDs.acquire(z.uid); err != nil {
+			return wrap(err)
+		}
+	}
 
 	path, lp, err := p.prepare(req, "zygote.log")
 	if err != nil {
@@ -231,7 +264,7 @@ func (z *zygote) start(ctx context.Context, req WarmRequest) (err error) {
 	z.conn = c.(*net.UnixConn)
 	cleanupOnError(z.conn.Close)
 
-	attr := &syscall.SysProcAttr{Setsid: true, Pdeathsig: syscall.SIGKILL}
+	cgroupFD := -1
 	if req.Cgroup != "" {
 		z.leaf = filepath.Join(req.Cgroup, "zygote")
 		if err := os.Mkdir(z.leaf, 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
@@ -242,20 +275,39 @@ func (z *zygote) start(ctx context.Context, req WarmRequest) (err error) {
 			return wrap(fmt.Errorf("zygote cgroup: %w", err))
 		}
 		afterStart = append(afterStart, lf.Close)
-		attr.UseCgroupFD = true
-		attr.CgroupFD = int(lf.Fd())
+		cgroupFD = int(lf.Fd())
 	}
-	z.cmd = &exec.Cmd{
-		Path:        path,
-		Args:        append([]string{req.Spec.Command}, req.Spec.Args...),
-		Env:         fiberdEnv(p.cfg.Path, req),
-		Dir:         workdir(req.Spec, req.RunDir),
-		Stdout:      lp.w,
-		Stderr:      lp.w,
-		ExtraFiles:  []*os.File{child},
-		SysProcAttr: attr,
+	env := append(fiberdEnv(p.cfg.Path, req), isolationEnv(z.level))
+	argv := append([]string{req.Spec.Command}, req.Spec.Args...)
+	var status *started
+	if z.level == IsolationNone {
+		attr := &syscall.SysProcAttr{Setsid: true, Pdeathsig: syscall.SIGKILL}
+		if cgroupFD >= 0 {
+			attr.UseCgroupFD = true
+			attr.CgroupFD = cgroupFD
+		}
+		z.cmd = &exec.Cmd{
+			Path:        path,
+			Args:        argv,
+			Env:         env,
+			Dir:         workdir(req.Spec, req.RunDir),
+			Stdout:      lp.w,
+			Stderr:      lp.w,
+			ExtraFiles:  []*os.File{child},
+			SysProcAttr: attr,
+		}
+		err = z.cmd.Start()
+	} else {
+		status, err = z.isolated(req, path, argv, env, child, cgroupFD, &afterStart)
+		if err != nil {
+			return wrap(err)
+		}
+		st := status
+		cleanupOnError(func() error { st.closeParent(); return nil })
+		z.cmd = status.cmd
+		err = p.iso.start(z.cmd, req.Cgroup)
+		status.closeChild()
 	}
-	err = z.cmd.Start()
 	for _, c := range afterStart {
 		_ = c()
 	}
@@ -279,11 +331,25 @@ func (z *zygote) start(ctx context.Context, req WarmRequest) (err error) {
 	if stopped {
 		z.kill() // Stop came while it was starting
 	}
+	// What nsinit reports, when isolated: "" once the template runs.
+	setup := make(chan string, 1)
+	if status != nil {
+		st := status
+		status = nil
+		p.wg.Add(1)
+		go func() {
+			defer p.wg.Done()
+			msg, _ := readStatus(st.status) // ends at the exec, or when the process dies
+			st.closeParent()
+			setup <- msg
+		}()
+	}
 	p.wg.Add(3)
 	go func() { defer p.wg.Done(); lp.copy() }()
 	go func() { defer p.wg.Done(); z.read() }()
 	go func() { defer p.wg.Done(); z.wait() }()
-	p.log.Info("Zygote started", "grant", z.uid, "pid", z.cmd.Process.Pid, "cgroup", z.leaf, "log", lp.path)
+	p.log.Info("Zygote started", "grant", z.uid, "pid", z.cmd.Process.Pid, "cgroup", z.leaf, "log", lp.path,
+		"isolation", z.level.String(), "uid", z.id)
 
 	wctx, cancel := core.WithTimeout(ctx, p.cfg.Clock, p.cfg.WarmTimeout)
 	defer cancel()
@@ -292,7 +358,15 @@ func (z *zygote) start(ctx context.Context, req WarmRequest) (err error) {
 		p.log.Info("Template warm", "grant", z.uid, "pid", z.cmd.Process.Pid)
 		return nil
 	case <-z.dead:
-		err = fmt.Errorf("zygote exited before READY (log %s: %q): %w", lp.path, logTail(lp.path), ErrCold)
+		why := ""
+		select {
+		case msg := <-setup:
+			if msg != "" {
+				why = "; isolation: " + msg
+			}
+		default:
+		}
+		err = fmt.Errorf("zygote exited before READY (log %s: %q%s): %w", lp.path, logTail(lp.path), why, ErrCold)
 	case <-wctx.Done():
 		why := ctx.Err()
 		if why == nil {
@@ -303,6 +377,39 @@ func (z *zygote) start(ctx context.Context, req WarmRequest) (err error) {
 		err = fmt.Errorf("zygote not ready: %w (log %s)", why, lp.path)
 	}
 	return wrap(err)
+}
+
+// isolated builds the command that starts the zygote through nsinit: its
+// home directory, its command opened here, its namespaces. Descriptors the
+// child gets are appended to afterStart.
+func (z *zygote) isolated(req WarmRequest, path string, argv, env []string, control *os.File, cgroupFD int, afterStart *[]func() error) (*started, error) {
+	command, err := openCommand(path)
+	if err != nil {
+		return nil, err
+	}
+	*afterStart = append(*afterStart, command.Close)
+	var home *os.File
+	if req.Spec.Workdir == "" {
+		if home, err = homeDir(req.RunDir, z.id); err != nil {
+			return nil, err
+		}
+		*afterStart = append(*afterStart, home.Close)
+	}
+	network := req.Spec.Network == template.NetworkNone
+	return z.p.iso.prepare(isoStart{
+		id: z.id, network: network, keepAdmin: z.level == IsolationFiber,
+		cfg: nsinitConfig{Hostname: hostname(z.uid), Loopback: network, KeepAdmin: z.level == IsolationFiber, Workdir: req.Spec.Workdir},
+		fd3: control, command: command, home: home, argv: argv, env: env, out: z.out.w, cgroupFD: cgroupFD,
+	})
+}
+
+// hostname is a grant's host name in its UTS namespace: its UID, which is a
+// DNS label of at most 63 characters.
+func hostname(uid string) string {
+	if len(uid) > 63 {
+		return uid[:63]
+	}
+	return uid
 }
 
 // kill ends the zygote process (and anything left in its leaf). Before the
@@ -329,42 +436,62 @@ func (z *zygote) read() {
 	oob := make([]byte, unix.CmsgSpace(4*8))
 	for {
 		n, oobn, flags, _, err := z.conn.ReadMsgUnix(buf, oob)
+		var fds []int
 		if oobn > 0 {
-			closeRights(oob[:oobn]) // a zygote sends no descriptors; drop any
+			fds = rights(oob[:oobn])
 		}
 		if err != nil || (n == 0 && oobn == 0) {
+			closeAll(fds)
 			return
 		}
-		if flags&unix.MSG_TRUNC != 0 {
+		if flags&(unix.MSG_TRUNC|unix.MSG_CTRUNC) != 0 {
+			closeAll(fds)
 			z.p.log.Info("Zygote message too long; dropped", "grant", z.uid)
 			continue
 		}
 		m, err := parseMessage(buf[:n])
 		if err != nil {
+			closeAll(fds)
 			z.p.log.Info("Zygote message malformed; dropped", "grant", z.uid, "err", err.Error())
 			continue
 		}
-		z.handle(m)
+		// CLONED may carry one descriptor, a pidfd of the fiber; a zygote
+		// sends no other.
+		pidfd := -1
+		if m.kind == msgCloned && len(fds) == 1 {
+			pidfd, fds = fds[0], nil
+		}
+		closeAll(fds)
+		z.handle(m, pidfd)
 	}
 }
 
-func closeRights(oob []byte) {
+// rights returns the descriptors an SCM_RIGHTS message carried.
+func rights(oob []byte) []int {
 	msgs, err := unix.ParseSocketControlMessage(oob)
 	if err != nil {
-		return
+		return nil
 	}
+	var out []int
 	for _, m := range msgs {
 		fds, err := unix.ParseUnixRights(&m)
 		if err != nil {
 			continue
 		}
-		for _, fd := range fds {
-			_ = unix.Close(fd)
-		}
+		out = append(out, fds...)
+	}
+	return out
+}
+
+func closeAll(fds []int) {
+	for _, fd := range fds {
+		_ = unix.Close(fd)
 	}
 }
 
-func (z *zygote) handle(m message) {
+// handle acts on one message of the zygote; pidfd is the descriptor a
+// CLONED carried, or -1, and handle owns it.
+func (z *zygote) handle(m message, pidfd int) {
 	p := z.p
 	switch m.kind {
 	case msgReady:
@@ -377,7 +504,7 @@ func (z *zygote) handle(m message) {
 	case msgCloned:
 		// The pidfd lets wait reap the fiber should the zygote die first
 		// (see reapOrphans). z.proc was set before this reader started.
-		pidfd, start, perr := fiberPidfd(m.pid, z.proc.Pid)
+		pid, pidfd, start, perr := z.fiberProcess(m.pid, pidfd)
 		z.mu.Lock()
 		pc := z.pending[m.fence]
 		if pc == nil {
@@ -389,8 +516,25 @@ func (z *zygote) handle(m message) {
 			return
 		}
 		delete(z.pending, m.fence)
-		f := newFiber(pc.fence, m.pid, pc.leaf)
+		if pid == 0 {
+			// An isolated zygote's pid means nothing here, and fiberd
+			// cannot find the process: refuse the fiber, end what it can.
+			abandoned := pc.abandoned
+			z.mu.Unlock()
+			p.log.Error(perr, "Fiber of an isolated zygote not found; refused", "fence", m.fence, "zygotePid", m.pid)
+			if pc.leaf != "" {
+				ctx, cancel := core.WithTimeout(context.Background(), p.cfg.Clock, p.cfg.KillTimeout)
+				_ = cgroup.At(pc.leaf).Kill(ctx)
+				cancel()
+			}
+			if !abandoned {
+				pc.ch <- cloneResult{err: fmt.Errorf("zygote reported fiber %d in its PID namespace, which fiberd cannot find: %v", m.pid, perr)}
+			}
+			return
+		}
+		f := newFiber(pc.fence, pid, pc.leaf)
 		f.pidfd = pidfd
+		f.level = fiberLevel(z.level, pid, z.proc.Pid)
 		z.fibers[m.fence] = f
 		if pc.abandoned {
 			f.silent.Store(true)
@@ -405,7 +549,7 @@ func (z *zygote) handle(m message) {
 			// after a crash of fiberd: record its session. finish removes
 			// the record; it runs on this reader's EXITED, or after the
 			// reader stopped, so never before this.
-			rec, err := z.recs.AddProcess(m.pid, start)
+			rec, err := z.recs.AddProcess(pid, start)
 			if err != nil {
 				p.log.Error(err, "Fiber not recorded: a crash of fiberd would leave what it started", "fence", m.fence)
 			}
@@ -514,6 +658,9 @@ func (z *zygote) wait() {
 	} else {
 		p.log.Info("Zygote stopped", "grant", z.uid, "fibers", len(fibers))
 	}
+	if z.level != IsolationNone {
+		p.cfg.IDs.release(z.uid)
+	}
 	close(z.dead)
 }
 
@@ -554,7 +701,14 @@ func (p *Proc) Clone(ctx context.Context, req CloneRequest) (Fiber, error) {
 	var leafF *os.File
 	if req.Leaf != "" {
 		var err error
-		if leafF, err = cgroup.At(req.Leaf).Open(); err != nil {
+		if z.level == IsolationNone {
+			leafF, err = cgroup.At(req.Leaf).Open()
+		} else {
+			// The grant's user may not write cgroup.procs; a descriptor
+			// fiberd opened may (the kernel checks the opener).
+			leafF, err = os.OpenFile(filepath.Join(req.Leaf, "cgroup.procs"), os.O_WRONLY|syscall.O_CLOEXEC, 0)
+		}
+		if err != nil {
 			drop()
 			return Fiber{}, fmt.Errorf("fiber %s: %w", fs, err)
 		}
@@ -572,7 +726,7 @@ func (p *Proc) Clone(ctx context.Context, req CloneRequest) (Fiber, error) {
 		if r.err != nil {
 			return Fiber{}, fmt.Errorf("fiber %s: %w", fs, r.err)
 		}
-		return Fiber{Fence: req.Fence, PID: r.f.pid}, nil
+		return Fiber{Fence: req.Fence, PID: r.f.pid, Isolation: r.f.level}, nil
 	case <-ctx.Done():
 	}
 	z.mu.Lock()

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strconv"
+	"strings"
 
 	"golang.org/x/sys/unix"
 
@@ -61,6 +63,98 @@ func fiberPidfd(pid, zygote int) (int, uint64, error) {
 		return -1, 0, err
 	}
 	return fd, st.Start, nil
+}
+
+// fiberProcess finds the process a zygote reported with CLONED, in
+// fiberd's PID namespace, and a pidfd on it. pid is what the zygote said
+// (a pid in its own namespace when it is isolated), pidfd the descriptor
+// it attached or -1. A pidfd is taken when it names a child of the zygote;
+// without one, the pid is looked up among the zygote's children (by the
+// NSpid of each) when the zygote has a PID namespace of its own, and used
+// as is otherwise. It also returns the fiber's start time (see procrec),
+// 0 when it could not be read. It returns pid 0 when an isolated zygote's
+// fiber cannot be found; a pidfd of -1 with a pid means the fiber is not
+// tracked for reaping (why in err).
+func (z *zygote) fiberProcess(pid, pidfd int) (int, int, uint64, error) {
+	zpid := z.proc.Pid
+	if pidfd >= 0 {
+		host, err := pidfdPID(pidfd)
+		var st procrec.Stat
+		if err == nil {
+			st, err = procrec.ReadStat(host)
+			if err == nil && st.PPid != zpid && st.PPid != os.Getpid() {
+				err = fmt.Errorf("pidfd names process %d, which is not a child of the zygote %d", host, zpid)
+			}
+		}
+		if err == nil {
+			return host, pidfd, st.Start, nil
+		}
+		_ = unix.Close(pidfd)
+		if z.level == IsolationNone {
+			fd, start, ferr := fiberPidfd(pid, zpid)
+			return pid, fd, start, errors.Join(err, ferr)
+		}
+		return 0, -1, 0, err
+	}
+	if z.level != IsolationNone {
+		host, err := childByNSpid(zpid, pid)
+		if err != nil {
+			return 0, -1, 0, err
+		}
+		pid = host
+	}
+	fd, start, err := fiberPidfd(pid, zpid)
+	return pid, fd, start, err
+}
+
+// pidfdPID reads the pid, in fiberd's namespace, of the process a pidfd
+// refers to, from /proc/self/fdinfo; it fails for a descriptor that is no
+// pidfd, or whose process has ended.
+func pidfdPID(fd int) (int, error) {
+	b, err := os.ReadFile("/proc/self/fdinfo/" + strconv.Itoa(fd))
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "Pid:"); ok {
+			pid, err := strconv.Atoi(strings.TrimSpace(v))
+			if err != nil || pid <= 0 {
+				return 0, fmt.Errorf("pidfd %d: process ended or not in fiberd's namespace (Pid: %s)", fd, strings.TrimSpace(v))
+			}
+			return pid, nil
+		}
+	}
+	return 0, fmt.Errorf("descriptor %d is not a pidfd", fd)
+}
+
+// childByNSpid finds the child of zygote whose pid in the zygote's own PID
+// namespace (the second NSpid field) is nspid.
+func childByNSpid(zygote, nspid int) (int, error) {
+	tasks, err := os.ReadDir("/proc/" + strconv.Itoa(zygote) + "/task")
+	if err != nil {
+		return 0, err
+	}
+	want := strconv.Itoa(nspid)
+	for _, t := range tasks {
+		b, err := os.ReadFile("/proc/" + strconv.Itoa(zygote) + "/task/" + t.Name() + "/children")
+		if err != nil {
+			continue
+		}
+		for _, c := range strings.Fields(string(b)) {
+			st, err := os.ReadFile("/proc/" + c + "/status")
+			if err != nil {
+				continue
+			}
+			for _, line := range strings.Split(string(st), "\n") {
+				if v, ok := strings.CutPrefix(line, "NSpid:"); ok {
+					if f := strings.Fields(v); len(f) >= 2 && f[1] == want {
+						return strconv.Atoi(c)
+					}
+				}
+			}
+		}
+	}
+	return 0, fmt.Errorf("no child of the zygote %d has pid %d in its namespace", zygote, nspid)
 }
 
 // closePidfd closes the fiber's pidfd, if any. Only the one path that ends

@@ -21,6 +21,11 @@
 // and may be served at tier WARM by the proc backend; every template can be
 // served at tier BASIC by the exec backend.
 //
+// "isolation": "shared" lets the fibers of one grant share the grant's
+// namespaces where the node isolates grants (by default each fiber gets a
+// PID namespace and a /tmp of its own), and "network": "none" gives the
+// grant a network namespace with loopback only (see pkg/backend).
+//
 // # Who imports it
 //
 // pkg/backend takes a Spec; pkg/fiberd resolves a grant's reference with

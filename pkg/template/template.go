@@ -43,7 +43,28 @@ type Spec struct {
 	// READY on its control socket and forks a fiber per CLONE (see
 	// sdk/zygote). False templates are served only by the exec backend.
 	Zygote bool `json:"zygote"`
+	// Isolation is how far fibers of one grant are kept apart where the
+	// node isolates grants: "" (the default) gives each fiber its own PID
+	// namespace and a private /tmp; IsolationShared ("shared") lets the
+	// fibers of a grant share the grant's (they still cannot see other
+	// grants). Any other value is refused.
+	Isolation string `json:"isolation,omitempty"`
+	// Network is the network the template's processes use: "" (the
+	// default) is the node's; NetworkNone ("none") is a network namespace
+	// of the grant's own with only loopback, where fibers still serve on
+	// the listener fiberd hands them. A node that cannot give a network
+	// namespace refuses to warm such a template. Any other value is
+	// refused.
+	Network string `json:"network,omitempty"`
 }
+
+// The values Spec.Isolation and Spec.Network accept besides "".
+const (
+	// IsolationShared lets the fibers of a grant share its namespaces.
+	IsolationShared = "shared"
+	// NetworkNone gives the grant a network namespace with loopback only.
+	NetworkNone = "none"
+)
 
 // Validate reports the first field that is wrong and how to fix it. The
 // error wraps core.ErrInvalid.
@@ -57,6 +78,12 @@ func (s Spec) Validate() error {
 		return fmt.Errorf("template spec: command %q is a relative path: give an absolute path or a bare name found in PATH: %w", s.Command, core.ErrInvalid)
 	case s.Workdir != "" && !filepath.IsAbs(s.Workdir):
 		return fmt.Errorf("template spec: workdir %q is not absolute: give the full path: %w", s.Workdir, core.ErrInvalid)
+	}
+	switch {
+	case s.Isolation != "" && s.Isolation != IsolationShared:
+		return fmt.Errorf("template spec: isolation %q: leave it out for a PID namespace and /tmp per fiber, or say %q: %w", s.Isolation, IsolationShared, core.ErrInvalid)
+	case s.Network != "" && s.Network != NetworkNone:
+		return fmt.Errorf("template spec: network %q: leave it out for the node's network, or say %q for loopback only: %w", s.Network, NetworkNone, core.ErrInvalid)
 	}
 	for i, a := range s.Args {
 		if strings.ContainsRune(a, 0) {

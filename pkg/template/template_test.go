@@ -30,6 +30,9 @@ func TestParse(t *testing.T) {
 		{name: "env key with =", in: `{"command":"/x","env":{"A=B":"c"}}`, wantErr: "env key"},
 		{name: "NUL in arg", in: `{"command":"/x","args":["a\u0000b"]}`, wantErr: "NUL"},
 		{name: "not an object", in: `[]`, wantErr: "cannot unmarshal"},
+		{name: "isolation shared, network none", in: `{"command":"/x","isolation":"shared","network":"none"}`},
+		{name: "unknown isolation", in: `{"command":"/x","isolation":"fiber"}`, wantErr: "isolation"},
+		{name: "unknown network", in: `{"command":"/x","network":"host"}`, wantErr: "network"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -16,6 +16,9 @@
 //   - Warm refuses a spec that is not a zygote with core.ErrTierGap when the
 //     backend's tier is WARM, as the proc backend does; nothing else of the
 //     spec is checked beyond its Validate.
+//   - Isolation is what SetIsolation says (IsolationNone by default); Warm
+//     checks MinIsolation and "network": "none" against it and records the
+//     grant's level as the real backends compute it, nothing is isolated.
 //   - Fibers end only when a test says so: Exit (a fiber ends on its own)
 //     and DieTemplate (a zygote dies) drive what a real process would.
 //

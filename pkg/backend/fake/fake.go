@@ -9,6 +9,7 @@ import (
 
 	"fiberd.io/fiberd/pkg/backend"
 	"fiberd.io/fiberd/pkg/core"
+	"fiberd.io/fiberd/pkg/template"
 )
 
 var _ backend.Backend = (*Backend)(nil)
@@ -28,9 +29,13 @@ type Backend struct {
 	tier  core.Tier
 	hooks Hooks
 
+	// iso is what Isolation reports; SetIsolation changes it.
+	iso backend.IsolationSupport
+
 	mu      sync.Mutex
 	warm    map[string]backend.WarmRequest
-	cold    map[string]bool // warmed once, template died since
+	levels  map[string]backend.Isolation // of each warm grant
+	cold    map[string]bool              // warmed once, template died since
 	fibers  map[core.Fence]backend.CloneRequest
 	pid     int
 	warms   int
@@ -48,7 +53,9 @@ type Backend struct {
 func New(tier core.Tier, hooks Hooks) *Backend {
 	b := &Backend{
 		tier: tier, hooks: hooks,
+		iso:     backend.IsolationSupport{Level: backend.IsolationNone},
 		warm:    make(map[string]backend.WarmRequest),
+		levels:  make(map[string]backend.Isolation),
 		cold:    make(map[string]bool),
 		fibers:  make(map[core.Fence]backend.CloneRequest),
 		pid:     10000,
@@ -89,6 +96,12 @@ func (b *Backend) Warm(ctx context.Context, req backend.WarmRequest) error {
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	if got := grantLevel(b.iso, req); !got.AtLeast(req.MinIsolation) {
+		return fmt.Errorf("grant %q: needs isolation %s, gets %s: %w", uid, req.MinIsolation, got, core.ErrTierGap)
+	}
+	if req.Spec.Network == template.NetworkNone && !b.iso.NetworkNone {
+		return fmt.Errorf("grant %q: template asks for network none, which this backend cannot give: %w", uid, core.ErrTierGap)
+	}
 	if b.closed {
 		return errors.New("fake backend: closed")
 	}
@@ -96,9 +109,46 @@ func (b *Backend) Warm(ctx context.Context, req backend.WarmRequest) error {
 		return fmt.Errorf("grant %q: warm with another spec; stop it first: %w", uid, core.ErrInvalid)
 	}
 	b.warm[uid] = req
+	b.levels[uid] = grantLevel(b.iso, req)
 	delete(b.cold, uid)
 	b.warms++
 	return nil
+}
+
+// grantLevel is what a grant warmed with req gets under iso, as the real
+// backends compute it.
+func grantLevel(iso backend.IsolationSupport, req backend.WarmRequest) backend.Isolation {
+	if req.Spec.Isolation == template.IsolationShared && iso.Level == backend.IsolationFiber {
+		return backend.IsolationGrant
+	}
+	return iso.Level
+}
+
+// SetIsolation sets what Isolation reports and what Warm gives and checks
+// MinIsolation and "network": "none" against, for grants warmed from now
+// on. A new fake reports IsolationNone with nothing missing.
+func (b *Backend) SetIsolation(s backend.IsolationSupport) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.iso = s
+}
+
+// Isolation reports what SetIsolation set.
+func (b *Backend) Isolation() backend.IsolationSupport {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.iso
+}
+
+// GrantIsolation reports the level a warm grant got, "" when it is not
+// warm.
+func (b *Backend) GrantIsolation(uid string) backend.Isolation {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if _, ok := b.warm[uid]; !ok || b.cold[uid] {
+		return ""
+	}
+	return b.levels[uid]
 }
 
 func sameSpec(a, b backend.WarmRequest) bool {
@@ -146,7 +196,7 @@ func (b *Backend) Clone(ctx context.Context, req backend.CloneRequest) (backend.
 	b.fibers[f] = req
 	b.pid++
 	b.clones++
-	return backend.Fiber{Fence: f, PID: b.pid}, nil
+	return backend.Fiber{Fence: f, PID: b.pid, Isolation: b.levels[f.GrantUID]}, nil
 }
 
 // Kill ends a running fiber and queues its Exit (Killed). It fails as a
@@ -187,6 +237,7 @@ func (b *Backend) stopLocked(uid string) {
 		b.pushLocked(backend.Exit{GrantUID: uid, Fence: f, Reason: backend.ExitReason{Killed: true}})
 	}
 	delete(b.warm, uid)
+	delete(b.levels, uid)
 	delete(b.cold, uid)
 }
 

@@ -81,3 +81,55 @@ func TestLifecycle(t *testing.T) {
 	}
 	_ = b.Close()
 }
+
+// TestIsolation: the fake reports what SetIsolation set, gives each grant
+// its level as the real backends do ("shared" caps it at grant), and
+// refuses MinIsolation above it and "network": "none" without it with
+// ErrTierGap.
+func TestIsolation(t *testing.T) {
+	b := New(core.TierWarm, Hooks{})
+	defer b.Close()
+	ctx := context.Background()
+	lf, err := os.Open(os.DevNull)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lf.Close()
+	spec := template.Spec{Command: "/x", Zygote: true}
+	if s := b.Isolation(); s.Level != backend.IsolationNone {
+		t.Fatalf("a new fake reports %+v", s)
+	}
+	req := func(uid string, spec template.Spec, min backend.Isolation) backend.WarmRequest {
+		return backend.WarmRequest{Grant: core.Grant{UID: uid}, Spec: spec, RunDir: "/r", MinIsolation: min}
+	}
+	if err := b.Warm(ctx, req("g0", spec, backend.IsolationGrant)); !errors.Is(err, core.ErrTierGap) {
+		t.Fatalf("MinIsolation grant without isolation: %v, want ErrTierGap", err)
+	}
+	b.SetIsolation(backend.IsolationSupport{Level: backend.IsolationFiber})
+	if err := b.Warm(ctx, req("g1", spec, backend.IsolationFiber)); err != nil {
+		t.Fatal(err)
+	}
+	shared := spec
+	shared.Isolation = template.IsolationShared
+	if err := b.Warm(ctx, req("g2", shared, "")); err != nil {
+		t.Fatal(err)
+	}
+	if b.GrantIsolation("g1") != backend.IsolationFiber || b.GrantIsolation("g2") != backend.IsolationGrant || b.GrantIsolation("g0") != "" {
+		t.Fatalf("levels g1 %q g2 %q g0 %q", b.GrantIsolation("g1"), b.GrantIsolation("g2"), b.GrantIsolation("g0"))
+	}
+	if err := b.Warm(ctx, req("g3", shared, backend.IsolationFiber)); !errors.Is(err, core.ErrTierGap) {
+		t.Fatalf("a shared template needing fiber isolation: %v, want ErrTierGap", err)
+	}
+	none := spec
+	none.Network = template.NetworkNone
+	if err := b.Warm(ctx, req("g4", none, "")); !errors.Is(err, core.ErrTierGap) {
+		t.Fatalf("network none where it cannot be given: %v, want ErrTierGap", err)
+	}
+	fb, err := b.Clone(ctx, backend.CloneRequest{Fence: core.Fence{GrantUID: "g2", Epoch: 1, Seq: 1}, Listener: lf})
+	if err != nil || fb.Isolation != backend.IsolationGrant {
+		t.Fatalf("Clone = %+v, %v; want isolation grant", fb, err)
+	}
+	if err := b.Stop(ctx, "g1"); err != nil || b.GrantIsolation("g1") != "" {
+		t.Fatalf("after Stop: %v, level %q", err, b.GrantIsolation("g1"))
+	}
+}

@@ -13,7 +13,11 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #ifdef __linux__
+#include <linux/capability.h>
+#include <sched.h>
+#include <sys/mount.h>
 #include <sys/prctl.h>
+#include <sys/syscall.h>
 #endif
 #include <sys/types.h>
 #include <sys/wait.h>
@@ -31,6 +35,7 @@ struct fz_child {
 struct fz_state {
 	int ctl;
 	int sfd;
+	int pidns; /* the zygote's own PID namespace when fibers get their own (FIBERD_ISOLATION=fiber), else -1 */
 	sigset_t oldmask;
 	struct fz_child *kids;
 	size_t nkids, capkids;
@@ -48,6 +53,30 @@ static int fz_send(struct fz_state *st, const char *msg)
 	ssize_t n;
 	do {
 		n = send(st->ctl, msg, strlen(msg), MSG_NOSIGNAL);
+	} while (n < 0 && errno == EINTR);
+	return n < 0 ? -1 : 0;
+}
+
+/* fz_send_fd sends msg with fd attached (SCM_RIGHTS), or alone when fd < 0. */
+static int fz_send_fd(struct fz_state *st, const char *msg, int fd)
+{
+	if (fd < 0)
+		return fz_send(st, msg);
+	union {
+		char buf[CMSG_SPACE(sizeof(int))];
+		struct cmsghdr align;
+	} cm;
+	memset(&cm, 0, sizeof(cm));
+	struct iovec iov = {.iov_base = (void *)msg, .iov_len = strlen(msg)};
+	struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cm.buf, .msg_controllen = sizeof(cm.buf)};
+	struct cmsghdr *c = CMSG_FIRSTHDR(&mh);
+	c->cmsg_level = SOL_SOCKET;
+	c->cmsg_type = SCM_RIGHTS;
+	c->cmsg_len = CMSG_LEN(sizeof(int));
+	memcpy(CMSG_DATA(c), &fd, sizeof(int));
+	ssize_t n;
+	do {
+		n = sendmsg(st->ctl, &mh, MSG_NOSIGNAL);
 	} while (n < 0 && errno == EINTR);
 	return n < 0 ? -1 : 0;
 }
@@ -157,6 +186,62 @@ static void fz_refuse(struct fz_state *st, const char *fence, const char *why)
 	fz_send(st, msg);
 }
 
+/* fz_enter_leaf moves the calling process into the fiber's cgroup leaf:
+ * leaf_fd is the leaf's directory, or its cgroup.procs already open for
+ * writing (fiberd sends that to an isolated zygote, whose user may not open
+ * it). Returns 0 or an errno. */
+static int fz_enter_leaf(int leaf_fd)
+{
+	struct stat sb;
+	int f = leaf_fd, e = 0;
+	if (fstat(leaf_fd, &sb) < 0)
+		return errno;
+	if (S_ISDIR(sb.st_mode)) {
+		f = openat(leaf_fd, "cgroup.procs", O_WRONLY | O_CLOEXEC);
+		if (f < 0)
+			return errno;
+	}
+	if (write(f, "0", 1) != 1)
+		e = errno ? errno : EIO;
+	if (f != leaf_fd)
+		close(f);
+	return e;
+}
+
+#ifdef __linux__
+/* The scratch directories a fiber gets a tmpfs of its own on. */
+static const char *const fz_scratch[] = {"/tmp", "/var/tmp", "/dev/shm"};
+
+/* fz_isolate_fiber runs in a fiber that is PID 1 of a PID namespace of its
+ * own: a mount and IPC namespace of its own, a /proc of its PID namespace,
+ * a tmpfs on each scratch directory, then no capability left (the zygote
+ * keeps CAP_SYS_ADMIN for this; the fiber must not). Returns 0 or an errno. */
+static int fz_isolate_fiber(void)
+{
+	if (unshare(CLONE_NEWNS | CLONE_NEWIPC) < 0)
+		return errno;
+	if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0)
+		return errno;
+	if (mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) < 0)
+		return errno;
+	for (size_t i = 0; i < sizeof(fz_scratch) / sizeof(fz_scratch[0]); i++) {
+		struct stat sb;
+		if (stat(fz_scratch[i], &sb) < 0 || !S_ISDIR(sb.st_mode))
+			continue;
+		if (mount("tmpfs", fz_scratch[i], "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777") < 0)
+			return errno;
+	}
+	if (prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) < 0)
+		return errno;
+	struct __user_cap_header_struct hdr = {.version = _LINUX_CAPABILITY_VERSION_3, .pid = 0};
+	struct __user_cap_data_struct data[2];
+	memset(data, 0, sizeof(data));
+	if (syscall(SYS_capset, &hdr, data) < 0)
+		return errno;
+	return 0;
+}
+#endif
+
 /* In the child: the set-up that must happen before user code. Returns 0 or an errno. */
 static int fz_child_setup(struct fz_state *st, pid_t zygote, int listen_fd, int leaf_fd, const char *fence, const char *hex)
 {
@@ -177,17 +262,19 @@ static int fz_child_setup(struct fz_state *st, pid_t zygote, int listen_fd, int 
 	if (setsid() < 0)
 		return errno;
 	if (leaf_fd >= 0) {
-		int f = openat(leaf_fd, "cgroup.procs", O_WRONLY | O_CLOEXEC);
-		if (f < 0)
-			return errno;
-		if (write(f, "0", 1) != 1) {
-			int e = errno;
-			close(f);
+		int e = fz_enter_leaf(leaf_fd);
+		if (e)
 			return e;
-		}
-		close(f);
 		close(leaf_fd);
 	}
+#ifdef __linux__
+	if (st->pidns >= 0) {
+		close(st->pidns);
+		int e = fz_isolate_fiber();
+		if (e)
+			return e;
+	}
+#endif
 	close(st->sfd);
 	if (st->ctl != FZ_LISTEN_FD)
 		close(st->ctl);
@@ -212,6 +299,37 @@ static int fz_child_setup(struct fz_state *st, pid_t zygote, int listen_fd, int 
 	if (sigprocmask(SIG_SETMASK, &st->oldmask, NULL) < 0)
 		return errno;
 	return 0;
+}
+
+/* fz_fork forks one fiber. With st->pidns (FIBERD_ISOLATION=fiber) the
+ * child is PID 1 of a PID namespace of its own: unshare(CLONE_NEWPID) puts
+ * the zygote's next child there, and setns back to the zygote's own
+ * namespace afterwards keeps the one after that out of it. Returns the
+ * child's pid (0 in the child), or -1 with why filled. */
+static pid_t fz_fork(struct fz_state *st, char *why, size_t len)
+{
+#ifdef __linux__
+	if (st->pidns >= 0 && unshare(CLONE_NEWPID) < 0) {
+		snprintf(why, len, "isolation: unshare(CLONE_NEWPID): %s", strerror(errno));
+		return -1;
+	}
+#endif
+	pid_t pid = fork();
+	int e = errno;
+	if (pid == 0)
+		return 0;
+#ifdef __linux__
+	if (st->pidns >= 0 && setns(st->pidns, CLONE_NEWPID) < 0) {
+		/* Every later fiber would land in this one's namespace: stop. */
+		fz_log("isolation: setns back to the zygote's PID namespace failed (%s)%s; exiting", strerror(errno), "");
+		if (pid > 0)
+			kill(pid, SIGKILL);
+		_exit(70);
+	}
+#endif
+	if (pid < 0)
+		snprintf(why, len, "fork: %s", strerror(e));
+	return pid;
 }
 
 static void fz_clone(struct fz_state *st, char *args, int *fds, int nfds, fz_fiber_fn on_fiber, void *arg)
@@ -247,9 +365,8 @@ static void fz_clone(struct fz_state *st, char *args, int *fds, int nfds, fz_fib
 	}
 	fflush(NULL);
 	pid_t zygote = getpid();
-	pid_t pid = fork();
+	pid_t pid = fz_fork(st, why, sizeof(why));
 	if (pid < 0) {
-		snprintf(why, sizeof(why), "fork: %s", strerror(errno));
 		fz_refuse(st, fence, why);
 		goto out;
 	}
@@ -279,7 +396,7 @@ static void fz_clone(struct fz_state *st, char *args, int *fds, int nfds, fz_fib
 		int e = 0;
 		if (n == (ssize_t)sizeof(rep))
 			memcpy(&e, rep + 1, sizeof(int));
-		snprintf(why, sizeof(why), "fiber set-up failed (new session, cgroup entry, descriptor 3): %s",
+		snprintf(why, sizeof(why), "fiber set-up failed (new session, cgroup entry, isolation, descriptor 3): %s",
 			 e ? strerror(e) : "child died");
 		waitpid(pid, NULL, 0);
 		fz_refuse(st, fence, why);
@@ -292,7 +409,17 @@ static void fz_clone(struct fz_state *st, char *args, int *fds, int nfds, fz_fib
 		goto out;
 	}
 	snprintf(why, sizeof(why), "CLONED %s %d", fence, (int)pid);
-	fz_send(st, why);
+	{
+		/* A pidfd lets fiberd find the fiber whatever PID namespace the
+		 * zygote is in; without one (an old kernel) the pid must do. */
+		int pidfd = -1;
+#ifdef SYS_pidfd_open
+		pidfd = (int)syscall(SYS_pidfd_open, pid, 0);
+#endif
+		fz_send_fd(st, why, pidfd);
+		if (pidfd >= 0)
+			close(pidfd);
+	}
 out:
 	if (sync[0] >= 0)
 		close(sync[0]);
@@ -311,7 +438,7 @@ int fz_socket_activated(void)
 
 int fz_serve(int control_fd, fz_fiber_fn on_fiber, void *arg)
 {
-	struct fz_state st = {.ctl = control_fd, .sfd = -1};
+	struct fz_state st = {.ctl = control_fd, .sfd = -1, .pidns = -1};
 	struct stat sb;
 	int type = 0, domain = 0;
 	socklen_t len = sizeof(int);
@@ -336,6 +463,16 @@ int fz_serve(int control_fd, fz_fiber_fn on_fiber, void *arg)
 	 * fibers themselves are unaffected. */
 	if (prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) < 0)
 		fz_log("cannot become a child subreaper (%s)%s; orphans of fibers go to fiberd", strerror(errno), "");
+#endif
+
+#ifdef __linux__
+	const char *iso = getenv("FIBERD_ISOLATION");
+	if (iso && strcmp(iso, "fiber") == 0) {
+		st.pidns = open("/proc/self/ns/pid", O_RDONLY | O_CLOEXEC);
+		if (st.pidns < 0)
+			fz_log("isolation: cannot open /proc/self/ns/pid (%s)%s; fibers share the zygote's namespaces",
+			       strerror(errno), "");
+	}
 #endif
 
 	sigset_t chld;
@@ -420,6 +557,8 @@ int fz_serve(int control_fd, fz_fiber_fn on_fiber, void *arg)
 	if (st.nkids)
 		fz_reap(&st, 1);
 	close(st.sfd);
+	if (st.pidns >= 0)
+		close(st.pidns);
 	free(st.kids);
 	sigprocmask(SIG_SETMASK, &st.oldmask, NULL);
 	return 0;

@@ -7,8 +7,11 @@
  * initialisation, then calls fz_serve, which says READY and from then on:
  *
  *   fiberd -> zygote  "CLONE <fence> <payload-hex|->" with SCM_RIGHTS
- *                     [listener] or [listener, leaf cgroup directory]
- *   zygote -> fiberd  "CLONED <fence> <pid>"  once the child is set up
+ *                     [listener] or [listener, leaf], the leaf being the
+ *                     fiber's cgroup directory or its cgroup.procs open
+ *                     for writing
+ *   zygote -> fiberd  "CLONED <fence> <pid>" with SCM_RIGHTS [pidfd of the
+ *                     child], once the child is set up
  *                     "ERROR <fence> <reason>" when it could not be
  *                     "EXITED <fence> exit:<code>" or
  *                     "EXITED <fence> signal:<SIGNAME>" when the child ended
@@ -21,6 +24,17 @@
  * the control socket, and sets LISTEN_FDS=1, LISTEN_PID=<its pid>,
  * FIBERD_FENCE and FIBERD_PAYLOAD (the payload's hex; unset when there is
  * none). Then it calls on_fiber and exits with its return value.
+ *
+ * When fiberd starts the zygote with FIBERD_ISOLATION=fiber (it then also
+ * leaves it CAP_SYS_ADMIN in the grant's user namespace), every child is
+ * PID 1 of a PID namespace of its own: fz_serve calls unshare(CLONE_NEWPID)
+ * before the fork and setns back to its own namespace after it. Before user
+ * code the child also enters mount and IPC namespaces of its own, mounts a
+ * /proc of its PID namespace and a tmpfs on /tmp, /var/tmp and /dev/shm,
+ * and drops every capability. Like any PID 1, such a fiber is not ended by
+ * a signal it sends itself unless it handles it (abort() then ends it with
+ * SIGSEGV), and the processes it starts end with it. The pid in CLONED is
+ * the child's pid in the zygote's namespace; the pidfd names it for fiberd.
  *
  * fz_serve reaps every child, so a fiber that crashes is reported as EXITED
  * and the zygote keeps serving. On Linux fz_serve also makes the zygote a

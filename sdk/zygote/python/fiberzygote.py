@@ -7,8 +7,11 @@ descriptor 3 (CONTROL_FD). The template does its expensive initialisation
 from then on handles:
 
     fiberd -> zygote  "CLONE <fence> <payload-hex|->" with SCM_RIGHTS
-                      [listener] or [listener, leaf cgroup directory]
-    zygote -> fiberd  "CLONED <fence> <pid>"   once the child is set up
+                      [listener] or [listener, leaf], the leaf being the
+                      fiber's cgroup directory or its cgroup.procs open
+                      for writing
+    zygote -> fiberd  "CLONED <fence> <pid>" with SCM_RIGHTS [pidfd of the
+                      child], once the child is set up
                       "ERROR <fence> <reason>" when it could not be
                       "EXITED <fence> exit:<code>" or
                       "EXITED <fence> signal:<SIGNAME>" when the child ended
@@ -23,6 +26,16 @@ the control socket and sets LISTEN_FDS=1, LISTEN_PID=<its pid>, FIBERD_FENCE
 and FIBERD_PAYLOAD (hex; absent when there is no payload). Then it calls
 on_fiber(fiber) and exits: with the int it returns, 0 for None, the code of
 a SystemExit, 1 for any other exception.
+
+With FIBERD_ISOLATION=fiber in the environment (fiberd then leaves the
+zygote CAP_SYS_ADMIN in the grant's user namespace) every child is PID 1 of
+a PID namespace of its own (unshare(CLONE_NEWPID) before os.fork, setns
+back after), and before user code enters mount and IPC namespaces of its
+own, mounts a /proc of its own and a tmpfs on /tmp, /var/tmp and /dev/shm,
+and drops every capability (through ctypes). Like any PID 1 it is not ended
+by a signal it sends itself unless it handles it, and the processes it
+starts end with it. The pid in CLONED is then the child's pid in the
+zygote's namespace; the pidfd names it for fiberd.
 
 serve calls gc.freeze() before READY, so collections in fibers leave the
 zygote's objects (and their pages) alone. serve reaps every child, so a
@@ -58,6 +71,11 @@ _MSG_MAX = 16384  # a CLONE carries at most 4096 payload bytes as hex
 _MAX_FDS = 4
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 _PR_SET_CHILD_SUBREAPER = 36
+_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL = 47, 4
+_CLONE_NEWNS, _CLONE_NEWIPC, _CLONE_NEWPID = 0x00020000, 0x08000000, 0x20000000
+_MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_REC, _MS_PRIVATE = 2, 4, 8, 1 << 14, 1 << 18
+_LINUX_CAPABILITY_VERSION_3 = 0x20080522
+_SCRATCH = ("/tmp", "/var/tmp", "/dev/shm")  # a fiber's own tmpfs each
 
 
 class NotAZygote(RuntimeError):
@@ -130,6 +148,51 @@ def _become_subreaper(prctl):
         sys.stderr.write("fiberzygote: cannot become a child subreaper (%s); orphans of fibers go to fiberd\n" % e)
 
 
+class _Isolation:
+    """Gives each fiber a PID, mount and IPC namespace of its own, when the
+    zygote runs with FIBERD_ISOLATION=fiber (fiberd then leaves it
+    CAP_SYS_ADMIN in its user namespace for this): unshare(CLONE_NEWPID)
+    before the fork makes the child PID 1 of a new namespace, setns back
+    afterwards keeps the next child out of it; the child mounts a /proc of
+    its own and a tmpfs on each scratch directory and drops every
+    capability before user code runs."""
+
+    def __init__(self):
+        import ctypes
+        self._ct = ctypes
+        self._libc = ctypes.CDLL(None, use_errno=True)
+        self.pidns = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
+
+    def _check(self, what, ret):
+        if ret != 0:
+            e = self._ct.get_errno()
+            raise OSError(e, "%s: %s" % (what, os.strerror(e)))
+
+    def before_fork(self):
+        self._check("unshare(CLONE_NEWPID)", self._libc.unshare(_CLONE_NEWPID))
+
+    def after_fork(self):
+        self._check("setns to the zygote's PID namespace", self._libc.setns(self.pidns, _CLONE_NEWPID))
+
+    def in_fiber(self):
+        ct, libc = self._ct, self._libc
+        os.close(self.pidns)
+        self._check("unshare(CLONE_NEWNS|CLONE_NEWIPC)", libc.unshare(_CLONE_NEWNS | _CLONE_NEWIPC))
+        self._check("private mounts", libc.mount(None, b"/", None, ct.c_ulong(_MS_REC | _MS_PRIVATE), None))
+        self._check("mount /proc", libc.mount(b"proc", b"/proc", b"proc",
+                                              ct.c_ulong(_MS_NOSUID | _MS_NODEV | _MS_NOEXEC), None))
+        for d in _SCRATCH:
+            if os.path.isdir(d):
+                self._check("mount tmpfs on " + d, libc.mount(b"tmpfs", d.encode(), b"tmpfs",
+                                                              ct.c_ulong(_MS_NOSUID | _MS_NODEV), b"mode=1777"))
+        zero = ct.c_ulong(0)
+        self._check("clear ambient capabilities",
+                    libc.prctl(_PR_CAP_AMBIENT, ct.c_ulong(_PR_CAP_AMBIENT_CLEAR_ALL), zero, zero, zero))
+        hdr = (ct.c_uint32 * 2)(_LINUX_CAPABILITY_VERSION_3, 0)
+        data = (ct.c_uint32 * 6)()
+        self._check("capset", libc.capset(hdr, data))
+
+
 def _control_socket(fd):
     try:
         st = os.fstat(fd)
@@ -152,6 +215,16 @@ class _Zygote:
         self.on_fiber = on_fiber
         self.prctl = prctl
         self.kids = {}  # pid -> fence
+        self.iso = None
+        if os.environ.get("FIBERD_ISOLATION") == "fiber" and sys.platform.startswith("linux"):
+            try:
+                self.iso = _Isolation()
+            except (ImportError, AttributeError, OSError) as e:
+                sys.stderr.write("fiberzygote: isolation: %s; fibers share the zygote's namespaces\n" % e)
+
+    def send_fd(self, text, fd):
+        """Send text with fd attached (SCM_RIGHTS)."""
+        socket.send_fds(self.ctl, [text.encode()], [fd])
 
     def send(self, text):
         self.ctl.send(text.encode())
@@ -197,7 +270,24 @@ class _Zygote:
         sys.stdout.flush()
         sys.stderr.flush()
         zygote = os.getpid()
-        pid = os.fork()
+        pid = -1
+        try:
+            if self.iso is not None:
+                self.iso.before_fork()
+            pid = os.fork()
+        except OSError as e:
+            os.close(rsync)
+            os.close(wsync)
+            self.send("ERROR %s fork: %s" % (fence, e))
+            return
+        finally:
+            if self.iso is not None and pid != 0:
+                try:
+                    self.iso.after_fork()
+                except OSError as e:
+                    # Every later fiber would land in this one's namespace: stop.
+                    sys.stderr.write("fiberzygote: %s; exiting\n" % e)
+                    os._exit(70)
         if pid == 0:  # the fiber
             os.close(rsync)
             self._child(zygote, fence, hexpayload, payload, fds, wsync, wake)
@@ -213,10 +303,22 @@ class _Zygote:
         if rep[:1] != b"\0":
             os.waitpid(pid, 0)
             why = rep[1:].decode(errors="replace") or "child died"
-            self.send("ERROR %s fiber set-up failed (new session, cgroup entry, descriptor 3): %s" % (fence, why))
+            self.send("ERROR %s fiber set-up failed (new session, cgroup entry, isolation, descriptor 3): %s" % (fence, why))
             return
         self.kids[pid] = fence
-        self.send("CLONED %s %d" % (fence, pid))
+        # A pidfd lets fiberd find the fiber whatever PID namespace the
+        # zygote is in; without one (an old kernel) the pid must do.
+        try:
+            pidfd = os.pidfd_open(pid)
+        except (AttributeError, OSError):
+            pidfd = None
+        if pidfd is None:
+            self.send("CLONED %s %d" % (fence, pid))
+        else:
+            try:
+                self.send_fd("CLONED %s %d" % (fence, pid), pidfd)
+            finally:
+                os.close(pidfd)
 
     def _child(self, zygote, fence, hexpayload, payload, fds, wsync, wake):
         try:
@@ -229,10 +331,10 @@ class _Zygote:
                     os._exit(127)
             os.setsid()
             if len(fds) > 1:
-                f = os.open("cgroup.procs", os.O_WRONLY | os.O_CLOEXEC, dir_fd=fds[1])
-                os.write(f, b"0")
-                os.close(f)
+                _enter_leaf(fds[1])
                 os.close(fds[1])
+            if self.iso is not None:
+                self.iso.in_fiber()
             signal.set_wakeup_fd(-1)
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
             for fd in wake:
@@ -274,6 +376,20 @@ class _Zygote:
                 sys.stderr.flush()
             finally:
                 os._exit(code & 0xFF)
+
+
+def _enter_leaf(fd):
+    """Move this process into the fiber's cgroup leaf: fd is the leaf's
+    directory, or its cgroup.procs already open for writing (fiberd sends
+    that to an isolated zygote, whose user may not open it)."""
+    if stat.S_ISDIR(os.fstat(fd).st_mode):
+        f = os.open("cgroup.procs", os.O_WRONLY | os.O_CLOEXEC, dir_fd=fd)
+        try:
+            os.write(f, b"0")
+        finally:
+            os.close(f)
+    else:
+        os.write(fd, b"0")
 
 
 def serve(on_fiber, control_fd=CONTROL_FD):
