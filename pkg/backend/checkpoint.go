@@ -209,6 +209,9 @@ type manifest struct {
 	SpecDigest string `json:"specDigest"`
 	// PID is the fiber's pid in fiberd's pid namespace when parked.
 	PID int `json:"pid"`
+	// Comm is the fiber's process name (/proc/<pid>/comm), at most 15
+	// bytes.
+	Comm string `json:"comm,omitempty"`
 	// OwnPIDNS is set when the fiber was the init of its own pid
 	// namespace (it is then restored into a new one, under a new pid).
 	OwnPIDNS bool `json:"ownPidns,omitempty"`
@@ -258,6 +261,8 @@ func parseManifest(b []byte) (manifest, error) {
 		return bad("specDigest %q is not 64 hex digits", m.SpecDigest)
 	case m.PID <= 0:
 		return bad("pid %d is not positive", m.PID)
+	case len(m.Comm) > 15:
+		return bad("comm %q is over 15 bytes", m.Comm)
 	case m.Network != "" && m.Network != "tcp" && m.Network != "tcp6" && m.Network != "unix":
 		return bad("network %q is not tcp, tcp6 or unix", m.Network)
 	case m.Network != "" && (m.Addr == "" || m.Inode == 0):

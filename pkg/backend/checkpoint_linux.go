@@ -226,11 +226,10 @@ func (p *Proc) Park(ctx context.Context, req ParkRequest) (img Image, err error)
 		if ctx.Err() != nil {
 			return Image{}, wrap(fmt.Errorf("criu dump: %w", ctx.Err()))
 		}
-		err := criuFailure("dump", rerr, filepath.Join(tmp, "dump.log"), filepath.Dir(req.Dir))
+		err := criuFailure("dump", rerr, filepath.Join(tmp, "dump.log"), filepath.Dir(req.Dir), false)
 		if len(out) > 0 {
 			err = fmt.Errorf("%w; output: %s", err, lastLines(out, 2))
 		}
-		// The log is removed with tmp: keep its errors in ours.
 		return Image{}, wrap(err)
 	}
 	dumped := p.cfg.Clock.Since(start)
@@ -287,6 +286,9 @@ const maxTreeProcs = 4096
 func describeFiber(pidfd, pid int) (fiberFacts, error) {
 	var m fiberFacts
 	m.PID = pid
+	if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid)); err == nil {
+		m.Comm = strings.TrimSpace(string(b))
+	}
 	ns, err := nsPIDs(pid)
 	if err != nil {
 		return m, err
@@ -545,18 +547,18 @@ func (p *Proc) Resume(ctx context.Context, req ResumeRequest) (res Resumed, err 
 		cmd.SysProcAttr.UseCgroupFD = true
 		cmd.SysProcAttr.CgroupFD = int(leafF.Fd())
 	}
-	start := p.cfg.Clock.Now()
+	start, startTick := p.cfg.Clock.Now(), bootTicks()
 	out, rerr := cmd.CombinedOutput()
+	logPath := filepath.Join(req.Image, "restore.log")
 	if rerr != nil {
-		p.cleanFailedRestore(req.Leaf, m)
-		logPath := filepath.Join(req.Image, "restore.log")
+		p.cleanFailedRestore(req.Leaf, m, logPath, startTick)
 		if ctx.Err() != nil {
 			return Resumed{}, wrap(fmt.Errorf("criu restore: %w", ctx.Err()))
 		}
 		if pidInUse(logPath) && !m.OwnPIDNS {
 			return Resumed{}, wrap(fmt.Errorf("pid %d, which the fiber must get back, is taken by another process now (log %s)", m.PID, logPath))
 		}
-		err := criuFailure("restore", rerr, logPath, req.Image)
+		err := criuFailure("restore", rerr, logPath, req.Image, true)
 		if len(out) > 0 {
 			err = fmt.Errorf("%w; output: %s", err, lastLines(out, 2))
 		}
@@ -564,7 +566,7 @@ func (p *Proc) Resume(ctx context.Context, req ResumeRequest) (res Resumed, err 
 	}
 	restored := p.cfg.Clock.Since(start)
 
-	f, lst, err := p.adoptRestored(req, m)
+	f, lst, err := p.adoptRestored(req, m, logPath, startTick)
 	if err != nil {
 		return Resumed{}, wrap(err)
 	}
@@ -596,7 +598,7 @@ const restoredPidfile = "restored.pid"
 // adoptRestored opens a pidfd on the fiber criu restored and checks it is
 // fiberd's child; for a TCP image it also takes a copy of the fiber's new
 // listener (pidfd_getfd of its descriptor 3).
-func (p *Proc) adoptRestored(req ResumeRequest, m manifest) (*fiber, *os.File, error) {
+func (p *Proc) adoptRestored(req ResumeRequest, m manifest, logPath string, startTick int64) (*fiber, *os.File, error) {
 	b, err := os.ReadFile(filepath.Join(req.Image, restoredPidfile))
 	if err != nil {
 		return nil, nil, fmt.Errorf("criu restore wrote no pid file: %w", err)
@@ -608,7 +610,7 @@ func (p *Proc) adoptRestored(req ResumeRequest, m manifest) (*fiber, *os.File, e
 	pidfd, err := fiberPidfd(pid, os.Getpid())
 	if err != nil {
 		// Not ours to reap, or gone already: end what may be left.
-		p.cleanFailedRestore(req.Leaf, m)
+		p.cleanFailedRestore(req.Leaf, m, logPath, startTick)
 		return nil, nil, fmt.Errorf("restored fiber %d: %w", pid, err)
 	}
 	f := newFiber(req.Fence, pid, req.Leaf)
@@ -639,18 +641,25 @@ func (p *Proc) discard(f *fiber) {
 	}
 }
 
-// cleanFailedRestore ends whatever a failed criu restore left: with a leaf,
-// everything in it (criu ran there), reaping those that are fiberd's
-// children; without, the process at the fiber's pid if it is fiberd's
-// child (a pid namespace image leaves nothing findable without a leaf).
-func (p *Proc) cleanFailedRestore(leaf string, m manifest) {
+// cleanFailedRestore ends whatever a failed criu restore left, and reaps
+// what of it is fiberd's child (criu kills the tasks it restored, but the
+// restored root, forked as criu's sibling, is fiberd's zombie then): with a
+// leaf, every process in it (criu ran there) and every zombie child of
+// fiberd that was in it. Without a leaf, only the zombie child of fiberd at
+// the fiber's pid, when criu did not fail for that pid being taken, and the
+// zombie has the fiber's name and was born after criu started (so it is
+// never another child of fiberd's); an image of a fiber that led its own
+// pid namespace then leaves nothing findable: give Resume a leaf.
+// startTick is CLOCK_BOOTTIME in clock ticks just before criu started.
+func (p *Proc) cleanFailedRestore(leaf string, m manifest, logPath string, startTick int64) {
 	ctx, cancel := core.WithTimeout(context.Background(), p.cfg.Clock, p.cfg.KillTimeout)
 	defer cancel()
 	var pids []int
 	if leaf != "" {
 		pids, _ = cgroup.At(leaf).Procs()
-	} else if !m.OwnPIDNS {
-		pids = []int{m.PID}
+		pids = append(pids, zombieChildrenIn(leaf)...)
+	} else if !m.OwnPIDNS && m.Comm != "" && !pidInUse(logPath) && restoredZombie(m.PID, m.Comm, startTick) {
+		pids = append(pids, m.PID)
 	}
 	var fds []int
 	for _, pid := range pids {
@@ -660,11 +669,97 @@ func (p *Proc) cleanFailedRestore(leaf string, m manifest) {
 		}
 	}
 	if leaf != "" {
-		_ = cgroup.At(leaf).Kill(ctx)
+		killLeafEach(ctx, leaf)
 	}
 	for _, fd := range fds {
 		reapBlocking(ctx, fd)
 		_ = unix.Close(fd)
+	}
+}
+
+// restoredZombie reports whether pid is a zombie child of fiberd named
+// comm (or still criu) that was born at or after startTick.
+func restoredZombie(pid int, comm string, startTick int64) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	i := strings.LastIndexByte(string(b), ')')
+	j := strings.IndexByte(string(b), '(')
+	if i < 0 || j < 0 || j > i {
+		return false
+	}
+	f := strings.Fields(string(b[i+1:]))
+	// Until its restore finishes, the restored root is still named criu.
+	if name := string(b[j+1 : i]); len(f) < 20 || f[0] != "Z" || (name != comm && name != "criu") {
+		return false
+	}
+	ppid, _ := strconv.Atoi(f[1])
+	start, _ := strconv.ParseInt(f[19], 10, 64) // field 22: starttime
+	return ppid == os.Getpid() && start >= startTick
+}
+
+// bootTicks is CLOCK_BOOTTIME in clock ticks (USER_HZ, 100 on Linux), the
+// unit of a process's start time in /proc/<pid>/stat, rounded down.
+func bootTicks() int64 {
+	var ts unix.Timespec
+	if unix.ClockGettime(unix.CLOCK_BOOTTIME, &ts) != nil {
+		return 1<<62 - 1
+	}
+	return ts.Sec*100 + ts.Nsec/10_000_000
+}
+
+// zombieChildrenIn lists fiberd's children that are zombies and were in
+// the cgroup v2 leaf when they died (/proc keeps a zombie's cgroup).
+func zombieChildrenIn(leaf string) []int {
+	mount, err := cgroup.Mount()
+	if err != nil {
+		return nil
+	}
+	want := strings.TrimPrefix(leaf, mount)
+	var out []int
+	self := os.Getpid()
+	tasks, _ := os.ReadDir(fmt.Sprintf("/proc/%d/task", self))
+	for _, task := range tasks {
+		b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/children", self, task.Name()))
+		for _, f := range strings.Fields(string(b)) {
+			pid, err := strconv.Atoi(f)
+			if err != nil {
+				continue
+			}
+			st, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+			if i := strings.LastIndexByte(string(st), ')'); err != nil || i < 0 || len(st) < i+3 || st[i+2] != 'Z' {
+				continue
+			}
+			cg, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
+			for _, line := range strings.Split(string(cg), "\n") {
+				if p, ok := strings.CutPrefix(line, "0::"); ok && p == want {
+					out = append(out, pid)
+				}
+			}
+		}
+	}
+	return out
+}
+
+// killLeafEach sends SIGKILL to every process in a leaf, again until it is
+// empty or ctx ends. Not cgroup.kill: on this kernel (6.18) a process later
+// born into a cgroup that was once killed through cgroup.kill
+// (CLONE_INTO_CGROUP) is killed at birth, and a retried Resume may reuse the
+// leaf.
+func killLeafEach(ctx context.Context, leaf string) {
+	for ctx.Err() == nil {
+		pids, err := cgroup.At(leaf).Procs()
+		if err != nil || len(pids) == 0 {
+			return
+		}
+		for _, pid := range pids {
+			_ = unix.Kill(pid, unix.SIGKILL)
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(time.Millisecond):
+		}
 	}
 }
 
@@ -676,8 +771,11 @@ func reapBlocking(ctx context.Context, pidfd int) {
 		if n, err := unix.Poll(pfd, reapPollMillis); err != nil && !errors.Is(err, unix.EINTR) {
 			return
 		} else if n > 0 {
-			_, _ = waitPidfd(pidfd)
-			return
+			if _, ok := waitPidfd(pidfd); ok {
+				return
+			}
+			// Ended but still traced: wait for the tracer to let go.
+			<-time.After(heldPollMillis * time.Millisecond)
 		}
 	}
 }
@@ -720,6 +818,11 @@ func siginfoReason(info *unix.Siginfo) ExitReason {
 	return ExitReason{Signal: name}
 }
 
+// heldPollMillis is how often the watcher retries reaping a resumed fiber
+// that has ended but is still held by a tracer: criu dump kills the fiber
+// and lets go of it only when it exits itself, a few milliseconds later.
+const heldPollMillis = 2
+
 // watch hands a resumed fiber to the watcher, starting it when needed.
 func (p *Proc) watch(f *fiber, z *zygote) {
 	c := &p.ck
@@ -757,6 +860,7 @@ func (p *Proc) watcher() {
 	c := &p.ck
 	defer close(c.stopped)
 	buf := make([]byte, 64)
+	exited := map[*fiber]bool{} // ended, not yet waitable
 	for {
 		c.mu.Lock()
 		if c.abandon || (c.closing && len(c.watched) == 0) {
@@ -779,15 +883,22 @@ func (p *Proc) watcher() {
 		if c.wakeR != nil {
 			pfds = append(pfds, unix.PollFd{Fd: int32(c.wakeR.Fd()), Events: unix.POLLIN})
 		}
+		timeout := -1
+		if c.wakeR == nil {
+			timeout = reapPollMillis
+		}
+		var held []*fiber
 		for f := range c.watched {
+			if exited[f] {
+				held = append(held, f)
+				continue
+			}
 			fibers = append(fibers, f)
 			pfds = append(pfds, unix.PollFd{Fd: int32(f.pidfd), Events: unix.POLLIN})
 		}
 		c.mu.Unlock()
-
-		timeout := -1
-		if c.wakeR == nil {
-			timeout = reapPollMillis
+		if len(held) > 0 {
+			timeout = heldPollMillis
 		}
 		if _, err := unix.Poll(pfds, timeout); err != nil && !errors.Is(err, unix.EINTR) {
 			p.log.Error(os.NewSyscallError("poll", err), "Resumed fibers' watcher")
@@ -800,14 +911,21 @@ func (p *Proc) watcher() {
 			}
 			pfds = pfds[1:]
 		}
+		var ended []*fiber
 		for i, f := range fibers {
-			if pfds[i].Revents == 0 {
-				continue
+			if pfds[i].Revents != 0 {
+				ended = append(ended, f)
 			}
+		}
+		for _, f := range append(ended, held...) {
 			r, ok := waitPidfd(f.pidfd)
 			if !ok {
-				p.log.V(1).Info("Resumed fiber ended but was not waitable", "fence", f.fence.String(), "pid", f.pid)
+				// It has ended, but a tracer (criu dumping it) has not
+				// let it go yet: try again shortly.
+				exited[f] = true
+				continue
 			}
+			delete(exited, f)
 			c.mu.Lock()
 			z := c.watched[f]
 			delete(c.watched, f)

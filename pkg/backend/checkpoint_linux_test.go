@@ -4,13 +4,17 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"golang.org/x/sys/unix"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
+	"fiberd.io/fiberd/pkg/cgroup"
 	"fiberd.io/fiberd/pkg/core"
 )
 
@@ -100,6 +104,9 @@ func resume(tb testing.TB, p *Proc, req ResumeRequest) Resumed {
 	}
 	r, err := p.Resume(ctx, req)
 	if err != nil {
+		b, _ := os.ReadFile(filepath.Join(req.Image, "restore.log"))
+		out, _ := exec.Command("sh", "-c", "ps -eLo pid,tid,ppid,stat,comm | awk '$2=="+strings.TrimPrefix(strings.Split(strings.Split(string(b), "Can't fork for ")[1], ":")[0], "")+"'").CombinedOutput()
+		tb.Logf("restore.log tail: %s\nps: %s", lastLines(b, 15), out)
 		tb.Fatalf("Resume: %v", err)
 	}
 	if r.Listener != nil {
@@ -190,6 +197,562 @@ func TestParkResume(t *testing.T) {
 				}
 				noStrays(t, uid)
 			})
+		}
+	}
+}
+
+// running warms a C counter (each fiber dirtying mib MiB) and clones one
+// fiber that has answered twice.
+func running(t *testing.T, p *Proc, unixSock bool, mib int, cg string) (uid string, f Fiber, ep endpoint) {
+	t.Helper()
+	uid = uidFor(t)
+	warm(t, p, uid, kindC.spec(t, "--dirty-mib", strconv.Itoa(mib)), cg)
+	ep = listen(t, unixSock)
+	var err error
+	f, err = p.Clone(ctxT(t), CloneRequest{Fence: fence(uid, 1), Listener: ep.file})
+	if err != nil {
+		t.Fatal(err)
+	}
+	counterOf(t, ep)
+	counterOf(t, ep)
+	return uid, f, ep
+}
+
+// stillServing checks a fiber a failed Park left running counts on.
+func stillServing(t *testing.T, p *Proc, ep endpoint, want int) {
+	t.Helper()
+	if n := counterOf(t, ep); n != want {
+		t.Fatalf("count %d after the failed park, want %d", n, want)
+	}
+	select {
+	case e := <-p.Exits():
+		t.Fatalf("unexpected Exit %+v after a failed park", e)
+	default:
+	}
+}
+
+// TestCheckpointAbsent: without a working CRIU the tier is absent and every
+// call says what is missing, wrapping core.ErrTierGap.
+func TestCheckpointAbsent(t *testing.T) {
+	dir := t.TempDir()
+	old := filepath.Join(dir, "criu-old")
+	if err := os.WriteFile(old, []byte("#!/bin/sh\necho 'Version: 3.17.1'\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	broken := filepath.Join(dir, "criu-broken")
+	if err := os.WriteFile(broken, []byte("#!/bin/sh\n[ \"$1\" = --version ] && { echo 'Version: 4.2.1'; exit 0; }\necho 'Error (criu/cr-check.c:1): vdso: Unexpected rt vDSO area bounds' >&2; exit 1\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct{ criu, want string }{
+		{"", "Config.CRIU is empty"},
+		{filepath.Join(dir, "none"), "hack/criu.sh"},
+		{old, "is 3.17.1; fiberd needs 4.2"},
+	}
+	if os.Geteuid() == 0 {
+		cases = append(cases, struct{ criu, want string }{broken, "criu check failed"})
+	}
+	for _, c := range cases {
+		cfg := testConfig()
+		cfg.CRIU = c.criu
+		p, err := NewProc(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = p.CheckpointSupport(ctxT(t))
+		if !errors.Is(err, core.ErrTierGap) || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("CRIU %q: CheckpointSupport = %v, want ErrTierGap naming %q", c.criu, err, c.want)
+		}
+		if err2 := p.CheckpointSupport(ctxT(t)); err2 == nil || err2.Error() != err.Error() {
+			t.Errorf("second CheckpointSupport = %v, want the first result", err2)
+		}
+		_, perr := p.Park(ctxT(t), ParkRequest{Fence: fence("g", 1), Dir: filepath.Join(dir, "img"), Template: testTemplate})
+		_, rerr := p.Resume(ctxT(t), ResumeRequest{Fence: fence("g", 2), Image: filepath.Join(dir, "img"), Template: testTemplate})
+		if !errors.Is(perr, core.ErrTierGap) || !errors.Is(rerr, core.ErrTierGap) {
+			t.Errorf("CRIU %q: Park = %v, Resume = %v, want ErrTierGap", c.criu, perr, rerr)
+		}
+		if err := p.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := (Config{CRIU: "criu"}).Validate(); err == nil {
+		t.Error("Validate accepted a relative Config.CRIU")
+	}
+}
+
+// TestParkRefusals: bad requests, unknown fibers, a fiber over MaxBytes and
+// an existing image directory are refused and the fiber keeps running.
+func TestParkRefusals(t *testing.T) {
+	p := newCkpt(t)
+	uid, f, ep := running(t, p, true, 4, "")
+	dir := filepath.Join(t.TempDir(), "img")
+	ctx := ctxT(t)
+	for _, c := range []struct {
+		name string
+		req  ParkRequest
+		want error
+	}{
+		{"relative dir", ParkRequest{Fence: f.Fence, Dir: "img", Template: testTemplate}, core.ErrInvalid},
+		{"no template", ParkRequest{Fence: f.Fence, Dir: dir}, core.ErrInvalid},
+		{"unknown fiber", ParkRequest{Fence: fence(uid, 7), Dir: dir, Template: testTemplate}, core.ErrNotFound},
+		{"unknown grant", ParkRequest{Fence: fence("nope", 1), Dir: dir, Template: testTemplate}, core.ErrNotFound},
+		{"too large", ParkRequest{Fence: f.Fence, Dir: dir, Template: testTemplate, MaxBytes: 2 << 20}, ErrTooLarge},
+		{"dir exists", ParkRequest{Fence: f.Fence, Dir: t.TempDir(), Template: testTemplate}, core.ErrInvalid},
+	} {
+		if _, err := p.Park(ctx, c.req); !errors.Is(err, c.want) {
+			t.Errorf("%s: Park = %v, want %v", c.name, err, c.want)
+		}
+	}
+	stillServing(t, p, ep, 3)
+	if _, err := os.Stat(dir); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("a refused park left %s: %v", dir, err)
+	}
+	// The bound is the fiber's memory: 4 MiB of its own plus what it
+	// shares with its zygote.
+	img, err := p.Park(ctx, ParkRequest{Fence: f.Fence, Dir: dir, Template: testTemplate, MaxBytes: 64 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if img.Bytes < 4<<20 || img.Bytes > 64<<20 || img.OwnBytes < 4<<20 || img.OwnBytes > img.Bytes {
+		t.Fatalf("image %+v: want 4 MiB <= OwnBytes <= Bytes <= 64 MiB", img)
+	}
+}
+
+// TestParkDiskFull parks into a 1 MiB tmpfs: the dump fails, the error says
+// the filesystem is full, no image or partial image is left, and the fiber
+// runs on.
+func TestParkDiskFull(t *testing.T) {
+	p := newCkpt(t)
+	_, f, ep := running(t, p, false, 8, "")
+	mnt := t.TempDir()
+	if err := unix.Mount("tmpfs", mnt, "tmpfs", 0, "size=1m,mode=0700"); err != nil {
+		t.Skipf("cannot mount a tmpfs for the disk-full case: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := unix.Unmount(mnt, unix.MNT_DETACH); err != nil {
+			t.Errorf("unmount %s: %v", mnt, err)
+		}
+	})
+	dir := filepath.Join(mnt, "img")
+	_, err := p.Park(ctxT(t), ParkRequest{Fence: f.Fence, Dir: dir, Template: testTemplate})
+	if err == nil || !strings.Contains(err.Error(), "no space left on device") {
+		t.Fatalf("Park into a full tmpfs = %v, want an error saying no space is left", err)
+	}
+	t.Logf("Park: %v", err)
+	if ents, _ := os.ReadDir(mnt); len(ents) != 0 {
+		t.Fatalf("a failed park left %v in %s", ents, mnt)
+	}
+	stillServing(t, p, ep, 3)
+	// And it can be parked once there is room.
+	park(t, p, f.Fence, filepath.Join(t.TempDir(), "img"))
+}
+
+// TestParkCRIUKilled kills criu -9 in the middle of a dump (as a crash of
+// fiberd would, criu dying with it): Park fails, and neither an image nor a
+// partial image is left. The fiber, released by its dead tracer, either
+// runs on or has died; either way its Exit is not Parked and nothing of it
+// is left once it is released.
+func TestParkCRIUKilled(t *testing.T) {
+	p := newCkpt(t)
+	uid, f, ep := running(t, p, false, 64, "")
+	dir := filepath.Join(t.TempDir(), "img")
+	done := make(chan error, 1)
+	go func() {
+		_, err := p.Park(context.Background(), ParkRequest{Fence: f.Fence, Dir: dir, Template: testTemplate})
+		done <- err
+	}()
+	criuPid := 0
+	for deadline := time.Now().Add(20 * time.Second); criuPid == 0 && time.Now().Before(deadline); {
+		for _, kid := range childrenOf(os.Getpid()) {
+			if comm, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", kid)); strings.TrimSpace(string(comm)) == "criu" {
+				criuPid = kid
+			}
+		}
+	}
+	if criuPid == 0 {
+		t.Fatal("no criu process seen")
+	}
+	// Let it seize the fiber and start writing pages.
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+		if _, err := os.Stat(filepath.Join(dir+partialSuffix, "dump.log")); err == nil {
+			break
+		}
+	}
+	time.Sleep(20 * time.Millisecond)
+	_ = syscall.Kill(criuPid, syscall.SIGKILL)
+	err := <-done
+	if err == nil {
+		t.Logf("criu finished before it was killed; nothing to check")
+		return
+	}
+	t.Logf("Park with criu killed: %v", err)
+	for _, d := range []string{dir, dir + partialSuffix} {
+		if _, err := os.Stat(d); !errors.Is(err, os.ErrNotExist) {
+			t.Fatalf("%s left after a failed park: %v", d, err)
+		}
+	}
+	if body, gerr := get(ep, "/"); gerr == nil {
+		t.Logf("the fiber runs on: %q", body)
+		if err := p.Kill(ctxT(t), f.Fence); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if e := nextExit(t, p); e.Fence != f.Fence || e.Reason.Parked {
+		t.Fatalf("Exit = %+v, want %s not parked", e, f.Fence)
+	}
+	if err := p.Stop(ctxT(t), uid); err != nil {
+		t.Fatal(err)
+	}
+	noStrays(t, uid)
+}
+
+// childrenOf lists pid's children.
+func childrenOf(pid int) []int {
+	var out []int
+	tasks, _ := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+	for _, task := range tasks {
+		b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/children", pid, task.Name()))
+		for _, s := range strings.Fields(string(b)) {
+			if n, err := strconv.Atoi(s); err == nil {
+				out = append(out, n)
+			}
+		}
+	}
+	return out
+}
+
+// copyImage copies an image directory (for damaging a copy).
+func copyImage(t *testing.T, from string) string {
+	t.Helper()
+	to := filepath.Join(t.TempDir(), "copy")
+	if out, err := exec.Command("cp", "-a", from, to).CombinedOutput(); err != nil {
+		t.Fatalf("cp: %v: %s", err, out)
+	}
+	return to
+}
+
+// imageFile returns the path of the first file of dir whose name starts
+// with prefix.
+func imageFile(t *testing.T, dir, prefix string) string {
+	t.Helper()
+	ents, _ := os.ReadDir(dir)
+	for _, e := range ents {
+		if strings.HasPrefix(e.Name(), prefix) {
+			return filepath.Join(dir, e.Name())
+		}
+	}
+	t.Fatalf("no %s* in %s", prefix, dir)
+	return ""
+}
+
+// TestResumeRefusals: an image is resumed only by its grant, epoch and
+// template, whole; the refusals leave it usable, and a cold grant is a
+// transient refusal.
+func TestResumeRefusals(t *testing.T) {
+	p := newCkpt(t)
+	uid, f, _ := running(t, p, true, 1, "")
+	dir := filepath.Join(t.TempDir(), "img")
+	park(t, p, f.Fence, dir)
+	nextExit(t, p)
+	ep := listen(t, true)
+	tcp := listen(t, false)
+	ctx := ctxT(t)
+
+	truncated := copyImage(t, dir)
+	if err := os.Truncate(imageFile(t, truncated, "pages-"), 4096); err != nil {
+		t.Fatal(err)
+	}
+	noManifest := copyImage(t, dir)
+	os.Remove(filepath.Join(noManifest, manifestName))
+	badManifest := copyImage(t, dir)
+	os.WriteFile(filepath.Join(badManifest, manifestName), []byte(`{"version":1,"grantUID":"x","unknown":1}`), 0o600)
+
+	next := fence(uid, 2)
+	for _, c := range []struct {
+		name string
+		req  ResumeRequest
+		want error
+	}{
+		{"other template", ResumeRequest{Fence: next, Image: dir, Template: "counter@sha256:" + strings.Repeat("1", 64), Listener: ep.file}, ErrImageUnusable},
+		{"other grant", ResumeRequest{Fence: fence("other-grant", 2), Image: dir, Listener: ep.file}, ErrImageUnusable},
+		{"newer epoch", ResumeRequest{Fence: core.Fence{GrantUID: uid, Epoch: 2, Seq: 1}, Image: dir, Listener: ep.file}, ErrImageUnusable},
+		{"fence not newer", ResumeRequest{Fence: f.Fence, Image: dir, Listener: ep.file}, core.ErrInvalid},
+		{"no listener", ResumeRequest{Fence: next, Image: dir}, core.ErrInvalid},
+		{"tcp listener for a unix image", ResumeRequest{Fence: next, Image: dir, Listener: tcp.file}, core.ErrInvalid},
+		{"truncated pages", ResumeRequest{Fence: next, Image: truncated, Listener: ep.file}, ErrImageUnusable},
+		{"no manifest", ResumeRequest{Fence: next, Image: noManifest, Listener: ep.file}, ErrImageUnusable},
+		{"bad manifest", ResumeRequest{Fence: next, Image: badManifest, Listener: ep.file}, ErrImageUnusable},
+		{"missing image", ResumeRequest{Fence: next, Image: filepath.Join(t.TempDir(), "none"), Listener: ep.file}, ErrImageUnusable},
+	} {
+		if c.req.Template == "" {
+			c.req.Template = testTemplate
+		}
+		if _, err := p.Resume(ctx, c.req); !errors.Is(err, c.want) {
+			t.Errorf("%s: Resume = %v, want %v", c.name, err, c.want)
+		}
+	}
+	onlyZygote(t, uid)
+
+	spare := copyImage(t, dir)
+	r := resume(t, p, ResumeRequest{Fence: next, Image: dir, Listener: ep.file})
+	if n := counterOf(t, ep); n != 3 {
+		t.Fatalf("count %d after the refusals and a resume, want 3", n)
+	}
+	if _, err := p.Resume(ctx, ResumeRequest{Fence: next, Image: spare, Template: testTemplate, Listener: listen(t, true).file}); !errors.Is(err, core.ErrInvalid) {
+		t.Fatalf("Resume of a running fence = %v, want ErrInvalid", err)
+	}
+	if err := p.Stop(ctx, uid); err != nil {
+		t.Fatal(err)
+	}
+	if e := nextExit(t, p); e.Fence != r.Fiber.Fence || !e.Reason.Killed {
+		t.Fatalf("Exit after Stop = %+v, want %s killed", e, r.Fiber.Fence)
+	}
+	if _, err := p.Resume(ctx, ResumeRequest{Fence: fence(uid, 3), Image: spare, Template: testTemplate, Listener: ep.file}); !errors.Is(err, ErrCold) {
+		t.Fatalf("Resume on a cold grant = %v, want ErrCold", err)
+	}
+	warm(t, p, uid, kindC.spec(t, "--dirty-mib", "2"), "")
+	if _, err := p.Resume(ctx, ResumeRequest{Fence: fence(uid, 3), Image: spare, Template: testTemplate, Listener: ep.file}); !errors.Is(err, ErrImageUnusable) {
+		t.Fatalf("Resume under a changed spec = %v, want ErrImageUnusable", err)
+	}
+	onlyZygote(t, uid)
+}
+
+// TestResumeFailures: a restore CRIU fails (a damaged image of the right
+// size, a TCP address in use, the fiber's pid taken) leaves nothing
+// running, is not ErrImageUnusable, and the intact image still resumes.
+func TestResumeFailures(t *testing.T) {
+	p := newCkpt(t)
+	var (
+		leaf  string
+		grant cgroup.Grant
+		tree  *cgroup.Tree
+	)
+	if os.Getenv("FIBERD_NO_CGROUP") == "" {
+		if mount, err := cgroup.Mount(); err == nil {
+			if _, err := os.Stat(filepath.Join(mount, "cgroup.procs")); err == nil {
+				tree, _ = cgroupRoot(t)
+			}
+		}
+	}
+	uid, f, ep := running(t, p, false, 1, "")
+	if tree != nil {
+		var err error
+		if grant, err = tree.Grant(uid); err != nil {
+			t.Fatal(err)
+		}
+	}
+	newLeaf := func(seq uint64) string {
+		if tree == nil {
+			return ""
+		}
+		l, err := grant.Fiber(1, seq)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return l.Path()
+	}
+	dir := filepath.Join(t.TempDir(), "img")
+	park(t, p, f.Fence, dir)
+	nextExit(t, p)
+	ctx := ctxT(t)
+	next := fence(uid, 2)
+	checkNothingLeft := func(what string) {
+		t.Helper()
+		onlyZygote(t, uid)
+		if leaf != "" {
+			if procs, _ := cgroup.At(leaf).Procs(); len(procs) != 0 {
+				t.Fatalf("%s: leaf %s holds %v", what, leaf, procs)
+			}
+		}
+		for _, kid := range childrenOf(os.Getpid()) {
+			if st, _, _ := procStat(kid); st == 'Z' {
+				t.Fatalf("%s: zombie child %d left", what, kid)
+			}
+		}
+	}
+
+	// A damaged core image of the right size.
+	damaged := copyImage(t, dir)
+	core1 := imageFile(t, damaged, "core-")
+	st, _ := os.Stat(core1)
+	os.WriteFile(core1, make([]byte, st.Size()), 0o600)
+	leaf = newLeaf(2)
+	_, err := p.Resume(ctx, ResumeRequest{Fence: next, Image: damaged, Template: testTemplate, Leaf: leaf})
+	if err == nil || errors.Is(err, ErrImageUnusable) {
+		t.Fatalf("Resume of a damaged image = %v, want a CRIU failure", err)
+	}
+	t.Logf("damaged: %v", err)
+	checkNothingLeft("damaged image")
+
+	// The address is still bound (our copy of the listener is open).
+	_, err = p.Resume(ctx, ResumeRequest{Fence: next, Image: dir, Template: testTemplate, Leaf: leaf})
+	if err == nil || errors.Is(err, ErrImageUnusable) || !strings.Contains(err.Error(), "Address already in use") {
+		t.Fatalf("Resume with the address bound = %v, want a CRIU failure naming the address in use", err)
+	}
+	checkNothingLeft("address in use")
+
+	// The fiber's pid taken by another process.
+	if occ := occupyPID(t, f.PID); occ != nil {
+		_, err = p.Resume(ctx, ResumeRequest{Fence: next, Image: dir, Template: testTemplate, Listener: ep.file, Leaf: leaf})
+		if err == nil || errors.Is(err, ErrImageUnusable) || !strings.Contains(err.Error(), "is taken by another process") {
+			t.Fatalf("Resume with the pid taken = %v, want a failure saying so", err)
+		}
+		t.Logf("pid taken: %v", err)
+		occ.Process.Kill()
+		occ.Wait()
+		checkNothingLeft("pid taken")
+		ep = listen(t, false) // Resume closed the old copy; the address is free
+		ep.file.Close()
+	} else {
+		t.Logf("could not take pid %d for the pid-taken case; skipped it", f.PID)
+		ep.file.Close()
+	}
+
+	r := resume(t, p, ResumeRequest{Fence: next, Image: dir, Leaf: leaf})
+	if r.Listener == nil {
+		t.Fatal("Resume of a TCP image returned no listener")
+	}
+	ep = endpoint{file: r.Listener, network: "tcp", addr: strings.TrimPrefix(mustAddr(t, r.Listener), "tcp:")}
+	if n := counterOf(t, ep); n != 3 {
+		t.Fatalf("count %d after the failures and a resume, want 3", n)
+	}
+	if leaf != "" {
+		if got, want := ownCgroup(t, r.Fiber.PID), strings.TrimPrefix(leaf, mustMount(t)); got != want {
+			t.Fatalf("resumed fiber runs in cgroup %q, want its leaf %q", got, want)
+		}
+	}
+	if err := p.Kill(ctx, next); err != nil {
+		t.Fatal(err)
+	}
+	nextExit(t, p)
+	if leaf != "" && !gone(leaf) {
+		t.Fatalf("leaf %s of a released resumed fiber still exists", leaf)
+	}
+	checkNothingLeft("after release")
+}
+
+func mustMount(t *testing.T) string {
+	m, err := cgroup.Mount()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+func mustAddr(t *testing.T, f *os.File) string {
+	n, a, _ := fileListener(f)
+	if n == "" {
+		t.Fatalf("%s is not a listener", f.Name())
+	}
+	return a
+}
+
+// occupyPID starts a sleeping process with pid want (through
+// /proc/sys/kernel/ns_last_pid), or returns nil when the machine's other
+// processes keep taking it first.
+func occupyPID(t *testing.T, want int) *exec.Cmd {
+	t.Helper()
+	for try := 0; try < 50; try++ {
+		if err := os.WriteFile("/proc/sys/kernel/ns_last_pid", []byte(strconv.Itoa(want-1)), 0); err != nil {
+			return nil
+		}
+		cmd := exec.Command("sleep", "60")
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		if cmd.Process.Pid == want {
+			return cmd
+		}
+		cmd.Process.Kill()
+		cmd.Wait()
+	}
+	return nil
+}
+
+// TestResumedFiberEnds: a resumed fiber is fiberd's child, not the
+// zygote's; it is reaped and reported like any fiber when it exits, crashes,
+// is stopped, or its zygote dies, and Close ends it.
+func TestResumedFiberEnds(t *testing.T) {
+	resumed := func(t *testing.T, p *Proc) (string, Resumed, endpoint) {
+		uid, f, _ := running(t, p, true, 1, "")
+		dir := filepath.Join(t.TempDir(), "img")
+		park(t, p, f.Fence, dir)
+		nextExit(t, p)
+		ep := listen(t, true)
+		r := resume(t, p, ResumeRequest{Fence: fence(uid, 2), Image: dir, Listener: ep.file})
+		counterOf(t, ep)
+		return uid, r, ep
+	}
+	t.Run("exit", func(t *testing.T) {
+		p := newCkpt(t)
+		_, r, ep := resumed(t, p)
+		get(ep, "/exit/7")
+		if e := nextExit(t, p); e.Fence != r.Fiber.Fence || e.Reason.Code != 7 || e.Reason.Killed {
+			t.Fatalf("Exit = %+v, want %s exit:7", e, r.Fiber.Fence)
+		}
+		waitGone(t, r.Fiber.PID)
+	})
+	t.Run("crash", func(t *testing.T) {
+		p := newCkpt(t)
+		_, r, ep := resumed(t, p)
+		get(ep, "/crash")
+		if e := nextExit(t, p); e.Fence != r.Fiber.Fence || e.Reason.Signal != "SIGABRT" {
+			t.Fatalf("Exit = %+v, want %s signal:SIGABRT", e, r.Fiber.Fence)
+		}
+		waitGone(t, r.Fiber.PID)
+	})
+	t.Run("zygote dies", func(t *testing.T) {
+		p := newCkpt(t)
+		uid, r, _ := resumed(t, p)
+		if err := syscall.Kill(zygotePID(t, uid), syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+		if e := nextExit(t, p); e.Fence != r.Fiber.Fence || !e.Reason.TemplateDied {
+			t.Fatalf("Exit = %+v, want %s template died", e, r.Fiber.Fence)
+		}
+		if e := nextExit(t, p); !e.Template {
+			t.Fatalf("Exit = %+v, want the template's", e)
+		}
+		waitGone(t, r.Fiber.PID)
+		noStrays(t, uid)
+	})
+	t.Run("stop", func(t *testing.T) {
+		p := newCkpt(t)
+		uid, r, _ := resumed(t, p)
+		if err := p.Stop(ctxT(t), uid); err != nil {
+			t.Fatal(err)
+		}
+		if e := nextExit(t, p); e.Fence != r.Fiber.Fence || !e.Reason.Killed {
+			t.Fatalf("Exit = %+v, want %s killed", e, r.Fiber.Fence)
+		}
+		waitGone(t, r.Fiber.PID)
+		noStrays(t, uid)
+	})
+	t.Run("close", func(t *testing.T) {
+		cfg := testConfig()
+		cfg.CRIU = criuForTest(t)
+		p, err := NewProc(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		uid, r, _ := resumed(t, p)
+		if err := p.Close(); err != nil {
+			t.Fatal(err)
+		}
+		if err := p.Close(); err != nil {
+			t.Fatalf("second Close: %v", err)
+		}
+		waitGone(t, r.Fiber.PID)
+		noStrays(t, uid)
+	})
+}
+
+// onlyZygote checks that the grant's zygote is its only process left.
+func onlyZygote(t *testing.T, uid string) {
+	t.Helper()
+	z := fmt.Sprintf("process %d ", zygotePID(t, uid))
+	for _, s := range strays(uid) {
+		if !strings.HasPrefix(s, z) {
+			t.Fatalf("processes of grant %s remain besides its zygote: %v", uid, strays(uid))
 		}
 	}
 }

@@ -202,8 +202,9 @@ func ownDir(dir string) error {
 }
 
 // criuFailure turns a failed criu run into an error: its exit, the error
-// lines of its log and, when the image's filesystem is full, that.
-func criuFailure(action string, runErr error, logPath, dir string) error {
+// lines of its log and, when the image's filesystem is full, that. The log's
+// path is named when it is kept.
+func criuFailure(action string, runErr error, logPath, dir string, kept bool) error {
 	msg := errorLines(logPath, 4)
 	full := strings.Contains(msg, "No space left") || strings.Contains(msg, "Disk quota exceeded")
 	var st unix.Statfs_t
@@ -214,9 +215,12 @@ func criuFailure(action string, runErr error, logPath, dir string) error {
 		msg = "the image's filesystem is full (no space left on device)" + prefixed("; ", msg)
 	}
 	if msg == "" {
-		msg = "no error in " + logPath
+		msg = "its log has no error line"
 	}
-	return fmt.Errorf("criu %s failed (%v): %s (log %s)", action, runErr, msg, logPath)
+	if kept {
+		msg += " (log " + logPath + ")"
+	}
+	return fmt.Errorf("criu %s failed (%v): %s", action, runErr, msg)
 }
 
 func prefixed(p, s string) string {
@@ -247,7 +251,13 @@ func errorLines(path string, n int) string {
 		if j := strings.Index(rest, "): "); j >= 0 {
 			rest = rest[j+3:]
 		}
-		out = append(out, strings.TrimSpace(rest))
+		rest = strings.TrimSpace(rest)
+		if strings.HasPrefix(rest, "rlimit: Can't setup RLIMIT_NOFILE") {
+			continue // criu raising its own limit; harmless
+		}
+		if len(out) == 0 || out[len(out)-1] != rest {
+			out = append(out, rest)
+		}
 	}
 	if len(out) > n {
 		out = out[len(out)-n:]
