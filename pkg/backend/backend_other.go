@@ -56,5 +56,5 @@ func (p *Proc) Resume(ctx context.Context, _ ResumeRequest) (Resumed, error) {
 var (
 	_ Checkpointer = (*Proc)(nil)
 	_ Backend      = (*Proc)(nil)
-	_ Backend = (*Exec)(nil)
+	_ Backend      = (*Exec)(nil)
 )

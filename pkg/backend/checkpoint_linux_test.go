@@ -756,3 +756,79 @@ func onlyZygote(t *testing.T, uid string) {
 		}
 	}
 }
+
+// TestParkPIDNamespace parks and resumes a fiber that is the init of its
+// own pid namespace (as a zygote that forks each fiber into a new pid
+// namespace would make it): CRIU dumps the namespace with it and restores
+// it into a new one, under a new outer pid, the fiber still pid 1 inside.
+// The fiber is started here, as fiberd's child, and handed to the backend
+// as a resumed fiber would be (white box: the SDKs do not make pid
+// namespaces yet).
+func TestParkPIDNamespace(t *testing.T) {
+	p := newCkpt(t)
+	uid := uidFor(t)
+	warm(t, p, uid, kindC.spec(t), "")
+	z, _ := p.findFiber(fence(uid, 0))
+	logW, err := z.out.writer()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer logW.Close()
+	ep := listen(t, true)
+	f1 := fence(uid, 1)
+	cmd := &exec.Cmd{
+		Path:        counterC(t),
+		Args:        []string{"counter", "--dirty-mib", "1"},
+		Env:         []string{"LISTEN_FDS=1", "LISTEN_PID=1", "FIBERD_FENCE=" + f1.String(), "FIBERD_GRANT_UID=" + uid},
+		ExtraFiles:  []*os.File{ep.file},
+		Stdout:      logW,
+		Stderr:      logW,
+		SysProcAttr: &syscall.SysProcAttr{Setsid: true, Cloneflags: syscall.CLONE_NEWPID},
+	}
+	if err := cmd.Start(); err != nil {
+		t.Skipf("cannot start a process in a new pid namespace: %v", err)
+	}
+	pid := cmd.Process.Pid // never Waited: the backend's watcher reaps it
+	pidfd, err := fiberPidfd(pid, os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	fb := newFiber(f1, pid, "")
+	fb.pidfd = pidfd
+	fb.ck.resumed = true
+	z.mu.Lock()
+	z.fibers[f1.String()] = fb
+	z.mu.Unlock()
+	p.watch(fb, z)
+
+	counterOf(t, ep)
+	if n := counterOf(t, ep); n != 2 {
+		t.Fatalf("count %d, want 2", n)
+	}
+	if ns, _ := nsPIDs(pid); len(ns) < 2 || ns[len(ns)-1] != 1 {
+		t.Fatalf("fiber %d has NSpid %v, want pid 1 of its own namespace", pid, ns)
+	}
+	dir := filepath.Join(t.TempDir(), "img")
+	park(t, p, f1, dir)
+	if e := nextExit(t, p); e.Fence != f1 || !e.Reason.Parked {
+		t.Fatalf("Exit = %+v, want %s parked", e, f1)
+	}
+	ep = listen(t, true)
+	r := resume(t, p, ResumeRequest{Fence: fence(uid, 2), Image: dir, Listener: ep.file})
+	if n := counterOf(t, ep); n != 3 {
+		t.Fatalf("count %d after resume, want 3", n)
+	}
+	ns, _ := nsPIDs(r.Fiber.PID)
+	if len(ns) < 2 || ns[len(ns)-1] != 1 {
+		t.Fatalf("resumed fiber %d has NSpid %v, want pid 1 of a new namespace", r.Fiber.PID, ns)
+	}
+	t.Logf("outer pid %d -> %d, NSpid %v", pid, r.Fiber.PID, ns)
+	if err := p.Kill(ctxT(t), r.Fiber.Fence); err != nil {
+		t.Fatal(err)
+	}
+	if e := nextExit(t, p); e.Fence != r.Fiber.Fence || !e.Reason.Killed {
+		t.Fatalf("Exit = %+v, want killed", e)
+	}
+	waitGone(t, r.Fiber.PID)
+	onlyZygote(t, uid)
+}
