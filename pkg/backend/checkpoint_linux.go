@@ -10,6 +10,7 @@ import (
 	"io/fs"
 	"net"
 	"os"
+	"os/signal"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -51,9 +52,10 @@ type procCkpt struct {
 	criu     *criu         // the working CRIU, when probed and working
 	probeErr error         // why there is none, when probed
 
-	mu       sync.Mutex // guards watched, started, closing, abandon, wakeR, wakeW
+	mu       sync.Mutex // guards watched, started, closing, abandon, sweep, wakeR, wakeW
 	watched  map[*fiber]*zygote
 	started  bool
+	sweep    bool // a SIGCHLD came: look for orphans of resumed fibers to reap
 	closing  bool // Close asked the watcher to end once no fiber is left
 	abandon  bool // Close's time is up: end now, fibers or not
 	wakeR    *os.File
@@ -226,7 +228,11 @@ func (p *Proc) Park(ctx context.Context, req ParkRequest) (img Image, err error)
 		if ctx.Err() != nil {
 			return Image{}, wrap(fmt.Errorf("criu dump: %w", ctx.Err()))
 		}
-		err := criuFailure("dump", rerr, filepath.Join(tmp, "dump.log"), filepath.Dir(req.Dir), false)
+		logPath := filepath.Join(tmp, "dump.log")
+		err := criuFailure("dump", rerr, logPath, filepath.Dir(req.Dir), false)
+		if m.Network == "unix" && logHas(logPath, "External socket is used", "Can't dump half of stream unix connection") {
+			err = fmt.Errorf("a connection to its unix listener is open or waiting to be accepted, and CRIU cannot park one end of a unix connection: park it once it is idle: %w", err)
+		}
 		if len(out) > 0 {
 			err = fmt.Errorf("%w; output: %s", err, lastLines(out, 2))
 		}
@@ -861,6 +867,34 @@ func (p *Proc) watcher() {
 	defer close(c.stopped)
 	buf := make([]byte, 64)
 	exited := map[*fiber]bool{} // ended, not yet waitable
+
+	// Orphans of a resumed fiber (processes it started and outlived) are
+	// reparented to fiberd, the nearest child subreaper, not to the
+	// zygote: SIGCHLD makes the watcher reap those that died in a resumed
+	// fiber's leaf.
+	sigc := make(chan os.Signal, 1)
+	signal.Notify(sigc, syscall.SIGCHLD)
+	fwdDone := make(chan struct{})
+	p.wg.Add(1)
+	go func() {
+		defer p.wg.Done()
+		for {
+			select {
+			case <-sigc:
+				c.mu.Lock()
+				c.sweep = true
+				c.wakeLocked()
+				c.mu.Unlock()
+			case <-fwdDone:
+				return
+			}
+		}
+	}()
+	defer func() {
+		signal.Stop(sigc)
+		close(fwdDone)
+	}()
+
 	for {
 		c.mu.Lock()
 		if c.abandon || (c.closing && len(c.watched) == 0) {
@@ -896,7 +930,22 @@ func (p *Proc) watcher() {
 			fibers = append(fibers, f)
 			pfds = append(pfds, unix.PollFd{Fd: int32(f.pidfd), Events: unix.POLLIN})
 		}
+		sweep := c.sweep
+		c.sweep = false
+		var leaves []string
+		skip := map[int]bool{}
+		if sweep {
+			for f := range c.watched {
+				skip[f.pid] = true
+				if f.leaf != "" {
+					leaves = append(leaves, f.leaf)
+				}
+			}
+		}
 		c.mu.Unlock()
+		for _, leaf := range leaves {
+			reapZombiesIn(leaf, skip)
+		}
 		if len(held) > 0 {
 			timeout = heldPollMillis
 		}
@@ -937,8 +986,49 @@ func (p *Proc) watcher() {
 			z.mu.Unlock()
 			f.closePidfd()
 			p.wg.Add(1)
-			go func() { defer p.wg.Done(); p.finish(f, r) }()
+			go func() { defer p.wg.Done(); p.finishResumed(f, r) }()
 		}
+	}
+}
+
+// finishResumed finishes a resumed fiber that ended, and reaps its orphans
+// in its leaf (fiberd's children now): the dead ones at once, the living
+// ones once finish has killed them with the leaf.
+func (p *Proc) finishResumed(f *fiber, r ExitReason) {
+	if f.leaf == "" {
+		p.finish(f, r)
+		return
+	}
+	reapZombiesIn(f.leaf, map[int]bool{f.pid: true})
+	var fds []int
+	pids, _ := cgroup.At(f.leaf).Procs()
+	for _, pid := range pids {
+		if fd, err := fiberPidfd(pid, os.Getpid()); err == nil {
+			fds = append(fds, fd)
+		}
+	}
+	p.finish(f, r)
+	ctx, cancel := core.WithTimeout(context.Background(), p.cfg.Clock, p.cfg.KillTimeout)
+	defer cancel()
+	for _, fd := range fds {
+		reapBlocking(ctx, fd)
+		_ = unix.Close(fd)
+	}
+}
+
+// reapZombiesIn reaps fiberd's zombie children that died in a leaf, but
+// those in skip.
+func reapZombiesIn(leaf string, skip map[int]bool) {
+	for _, pid := range zombieChildrenIn(leaf) {
+		if skip[pid] {
+			continue
+		}
+		fd, err := unix.PidfdOpen(pid, 0)
+		if err != nil {
+			continue
+		}
+		_, _ = waitPidfd(fd)
+		_ = unix.Close(fd)
 	}
 }
 

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"golang.org/x/sys/unix"
+	"io"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -831,4 +833,99 @@ func TestParkPIDNamespace(t *testing.T) {
 	}
 	waitGone(t, r.Fiber.PID)
 	onlyZygote(t, uid)
+}
+
+// TestParkOpenConnections: a TCP fiber parks with a connection open (the
+// connection is closed: its client reads EOF) and resumes; a unix fiber
+// with a connection open cannot be parked (CRIU cannot dump one end of a
+// unix connection): Park says so and the fiber runs on, and parks once the
+// connection is gone.
+func TestParkOpenConnections(t *testing.T) {
+	for _, unixSock := range []bool{false, true} {
+		t.Run(fmt.Sprintf("unix=%v", unixSock), func(t *testing.T) {
+			p := newCkpt(t)
+			uid, f, ep := running(t, p, unixSock, 1, "")
+			c, err := net.Dial(ep.network, ep.addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			io.WriteString(c, "GET / HTTP/1.1\r\n") // half a request: the fiber waits for the rest
+			time.Sleep(50 * time.Millisecond)
+			dir := filepath.Join(t.TempDir(), "img")
+			_, err = p.Park(ctxT(t), ParkRequest{Fence: f.Fence, Dir: dir, Template: testTemplate})
+			if unixSock {
+				if err == nil || !strings.Contains(err.Error(), "unix listener is open or waiting") {
+					t.Fatalf("Park with a unix connection open = %v, want a refusal saying so", err)
+				}
+				io.WriteString(c, "\r\n")
+				if b, err := io.ReadAll(c); err != nil || !strings.Contains(string(b), "count=3") {
+					t.Fatalf("the fiber did not run on: %q, %v", b, err)
+				}
+				c.Close()
+				park(t, p, f.Fence, dir)
+				return
+			}
+			if err != nil {
+				t.Fatalf("Park with a TCP connection open: %v", err)
+			}
+			nextExit(t, p)
+			c.SetDeadline(time.Now().Add(10 * time.Second))
+			if b, err := io.ReadAll(c); err != nil || len(b) != 0 {
+				t.Fatalf("the open connection after the park read %q, %v; want EOF", b, err)
+			}
+			r := resume(t, p, ResumeRequest{Fence: fence(uid, 2), Image: dir, Listener: ep.file})
+			ep.file = r.Listener
+			counterOf(t, ep)
+		})
+	}
+}
+
+// TestResumedFiberOrphans runs as a child subreaper, as fiberd does: a
+// resumed fiber is fiberd's child, so a process it leaves behind is
+// reparented to fiberd, not to the zygote. With a leaf, the backend kills
+// and reaps it when the fiber ends: no zombie is left.
+func TestResumedFiberOrphans(t *testing.T) {
+	criuForTest(t)
+	if !inSubreaper(t) {
+		return
+	}
+	p := newCkpt(t)
+	tree, mount := cgroupRoot(t)
+	uid, f, _ := running(t, p, true, 1, "")
+	g, err := tree.Grant(uid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(t.TempDir(), "img")
+	park(t, p, f.Fence, dir)
+	nextExit(t, p)
+	leaf, err := g.Fiber(1, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ep := listen(t, true)
+	r := resume(t, p, ResumeRequest{Fence: fence(uid, 2), Image: dir, Listener: ep.file, Leaf: leaf.Path()})
+	if got := ownCgroup(t, r.Fiber.PID); got != strings.TrimPrefix(leaf.Path(), mount) {
+		t.Fatalf("resumed fiber in cgroup %q, want %q", got, leaf.Path())
+	}
+	body, err := get(ep, "/orphan")
+	if err != nil {
+		t.Fatal(err)
+	}
+	orphan, err := strconv.Atoi(strings.TrimSpace(strings.TrimPrefix(body, "orphan=")))
+	if err != nil {
+		t.Fatalf("GET /orphan: %q", body)
+	}
+	if e := nextExit(t, p); e.Fence != r.Fiber.Fence || e.Reason.Code != 0 || e.Reason.Killed {
+		t.Fatalf("Exit = %+v, want %s exit:0", e, r.Fiber.Fence)
+	}
+	waitGone(t, orphan)
+	waitGone(t, r.Fiber.PID)
+	if z := zombieChildren(); len(z) != 0 {
+		t.Fatalf("zombie children left: %v", z)
+	}
+	if !gone(leaf.Path()) {
+		t.Fatalf("leaf %s still exists", leaf)
+	}
 }

@@ -278,14 +278,24 @@ func lastLines(b []byte, n int) string {
 	return strings.Join(lines, "; ")
 }
 
-// pidInUse reports whether a restore failed because the fiber's pid is
-// taken by another process (a transient failure: the image is fine).
-func pidInUse(logPath string) bool {
+// logHas reports whether a criu log holds any of the phrases.
+func logHas(logPath string, phrases ...string) bool {
 	b, err := os.ReadFile(logPath)
 	if err != nil {
 		return false
 	}
-	return bytes.Contains(b, []byte("Can't fork for")) && bytes.Contains(b, []byte("File exists"))
+	for _, ph := range phrases {
+		if bytes.Contains(b, []byte(ph)) {
+			return true
+		}
+	}
+	return false
+}
+
+// pidInUse reports whether a restore failed because the fiber's pid is
+// taken by another process (a transient failure: the image is fine).
+func pidInUse(logPath string) bool {
+	return logHas(logPath, "Can't fork for") && logHas(logPath, "File exists")
 }
 
 // imageFiles lists the regular files of an image directory with their
