@@ -178,6 +178,12 @@ func (p *Proc) Park(ctx context.Context, req ParkRequest) (img Image, err error)
 	if f == nil {
 		return Image{}, wrap(core.ErrNotFound)
 	}
+	z.mu.Lock()
+	ending := z.cold || z.stopping
+	z.mu.Unlock()
+	if ending {
+		return Image{}, wrap(fmt.Errorf("its grant is being stopped: %w", core.ErrNotFound))
+	}
 	if _, err := os.Lstat(req.Dir); err == nil {
 		return Image{}, wrap(fmt.Errorf("image directory %s exists already: %w", req.Dir, core.ErrInvalid))
 	}
@@ -515,7 +521,7 @@ func (p *Proc) Resume(ctx context.Context, req ResumeRequest) (res Resumed, err 
 		// criu unlinks the path the fiber was bound to, even for an
 		// inherited socket; whatever is there now keeps its name.
 		if st, err := os.Lstat(m.Addr); err == nil && st.Mode()&fs.ModeSocket != 0 {
-			keepPath = fmt.Sprintf("%s.fiberd-keep-%d", m.Addr, os.Getpid())
+			keepPath = fmt.Sprintf("%s.keep-%d-%d", m.Addr, req.Fence.Epoch, req.Fence.Seq)
 			_ = os.Remove(keepPath)
 			if err := os.Link(m.Addr, keepPath); err != nil {
 				keepPath = ""
@@ -591,7 +597,25 @@ func (p *Proc) Resume(ctx context.Context, req ResumeRequest) (res Resumed, err 
 	delete(z.pending, name)
 	z.fibers[name] = f
 	z.mu.Unlock()
-	p.watch(f, z)
+	if !p.watch(f, z) {
+		// Close came first: end the fiber here, without an Exit.
+		z.mu.Lock()
+		if z.fibers[name] == f {
+			delete(z.fibers, name)
+		}
+		z.mu.Unlock()
+		f.silent.Store(true)
+		ctx, cancel := core.WithTimeout(context.Background(), p.cfg.Clock, p.cfg.KillTimeout)
+		_ = f.signal(ctx)
+		p.reapBlocking(ctx, f.pidfd)
+		cancel()
+		f.closePidfd()
+		p.finish(f, ExitReason{Killed: true}) // closes done for whoever waits; removes the leaf
+		if lst != nil {
+			_ = lst.Close()
+		}
+		return Resumed{}, wrap(errClosed)
+	}
 	p.log.V(1).Info("Fiber resumed", "fence", name, "pid", f.pid, "image", req.Image, "restore", restored)
 	res.Fiber = Fiber{Fence: req.Fence, PID: f.pid}
 	return res, nil
@@ -640,7 +664,7 @@ func (p *Proc) discard(f *fiber) {
 	ctx, cancel := core.WithTimeout(context.Background(), p.cfg.Clock, p.cfg.KillTimeout)
 	defer cancel()
 	_ = f.signal(ctx)
-	reapBlocking(ctx, f.pidfd)
+	p.reapBlocking(ctx, f.pidfd)
 	f.closePidfd()
 	if f.leaf != "" {
 		_ = cgroup.At(f.leaf).Destroy(ctx)
@@ -675,10 +699,10 @@ func (p *Proc) cleanFailedRestore(leaf string, m manifest, logPath string, start
 		}
 	}
 	if leaf != "" {
-		killLeafEach(ctx, leaf)
+		p.killLeafEach(ctx, leaf)
 	}
 	for _, fd := range fds {
-		reapBlocking(ctx, fd)
+		p.reapBlocking(ctx, fd)
 		_ = unix.Close(fd)
 	}
 }
@@ -753,7 +777,7 @@ func zombieChildrenIn(leaf string) []int {
 // born into a cgroup that was once killed through cgroup.kill
 // (CLONE_INTO_CGROUP) is killed at birth, and a retried Resume may reuse the
 // leaf.
-func killLeafEach(ctx context.Context, leaf string) {
+func (p *Proc) killLeafEach(ctx context.Context, leaf string) {
 	for ctx.Err() == nil {
 		pids, err := cgroup.At(leaf).Procs()
 		if err != nil || len(pids) == 0 {
@@ -764,14 +788,14 @@ func killLeafEach(ctx context.Context, leaf string) {
 		}
 		select {
 		case <-ctx.Done():
-		case <-time.After(time.Millisecond):
+		case <-p.cfg.Clock.After(time.Millisecond):
 		}
 	}
 }
 
 // reapBlocking waits, polling the pidfd until ctx ends, for its process to
 // end and reaps it.
-func reapBlocking(ctx context.Context, pidfd int) {
+func (p *Proc) reapBlocking(ctx context.Context, pidfd int) {
 	for ctx.Err() == nil {
 		pfd := []unix.PollFd{{Fd: int32(pidfd), Events: unix.POLLIN}}
 		if n, err := unix.Poll(pfd, reapPollMillis); err != nil && !errors.Is(err, unix.EINTR) {
@@ -781,7 +805,10 @@ func reapBlocking(ctx context.Context, pidfd int) {
 				return
 			}
 			// Ended but still traced: wait for the tracer to let go.
-			<-time.After(heldPollMillis * time.Millisecond)
+			select {
+			case <-ctx.Done():
+			case <-p.cfg.Clock.After(heldPollMillis * time.Millisecond):
+			}
 		}
 	}
 }
@@ -829,11 +856,15 @@ func siginfoReason(info *unix.Siginfo) ExitReason {
 // and lets go of it only when it exits itself, a few milliseconds later.
 const heldPollMillis = 2
 
-// watch hands a resumed fiber to the watcher, starting it when needed.
-func (p *Proc) watch(f *fiber, z *zygote) {
+// watch hands a resumed fiber to the watcher, starting it when needed. It
+// refuses, returning false, once Close has reached the watcher.
+func (p *Proc) watch(f *fiber, z *zygote) bool {
 	c := &p.ck
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if c.closing {
+		return false
+	}
 	if c.watched == nil {
 		c.watched = map[*fiber]*zygote{}
 	}
@@ -851,6 +882,7 @@ func (p *Proc) watch(f *fiber, z *zygote) {
 		go func() { defer p.wg.Done(); p.watcher() }()
 	}
 	c.wakeLocked()
+	return true
 }
 
 func (c *procCkpt) wakeLocked() {
@@ -1011,7 +1043,7 @@ func (p *Proc) finishResumed(f *fiber, r ExitReason) {
 	ctx, cancel := core.WithTimeout(context.Background(), p.cfg.Clock, p.cfg.KillTimeout)
 	defer cancel()
 	for _, fd := range fds {
-		reapBlocking(ctx, fd)
+		p.reapBlocking(ctx, fd)
 		_ = unix.Close(fd)
 	}
 }
