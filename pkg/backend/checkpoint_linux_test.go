@@ -929,3 +929,183 @@ func TestResumedFiberOrphans(t *testing.T) {
 		t.Fatalf("leaf %s still exists", leaf)
 	}
 }
+
+// killedEnv makes a re-executed test binary play fiberd in killedMid.
+const killedEnv = "FIBERD_BACKEND_TEST_KILLED"
+
+// TestFiberdKilledMidPark kills -9 a process playing fiberd (this test
+// binary, re-executed) while criu dumps one of its fibers: criu dies with
+// it (Pdeathsig), and no image is left that looks complete; at most a
+// partial directory, which RemoveImage removes.
+func TestFiberdKilledMidPark(t *testing.T) { killedMid(t, "park") }
+
+// TestFiberdKilledMidResume kills -9 the process playing fiberd while criu
+// restores an image into a leaf: criu dies with it, and nothing of the
+// half-restored fiber outlives the kill of its leaf.
+func TestFiberdKilledMidResume(t *testing.T) { killedMid(t, "resume") }
+
+func killedMid(t *testing.T, what string) {
+	if v := os.Getenv(killedEnv); v != "" {
+		killedHelper(t, v)
+		return
+	}
+	criuForTest(t)
+	counterC(t)
+	var tree *cgroup.Tree
+	if what == "resume" {
+		tree, _ = cgroupRoot(t)
+	}
+	dir := t.TempDir()
+	cmd := exec.Command(os.Args[0], "-test.run=^"+t.Name()+"$", "-test.v", "-test.count=1")
+	cmd.Env = append(os.Environ(), killedEnv+"="+what+" "+dir)
+	if tree != nil {
+		cmd.Env = append(cmd.Env, killedEnv+"_CGROUP="+tree.Root())
+	}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stderr = cmd.Stdout
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	var log strings.Builder
+	lines := make(chan string)
+	go func() {
+		defer close(lines)
+		buf := make([]byte, 4096)
+		var acc string
+		for {
+			n, err := out.Read(buf)
+			acc += string(buf[:n])
+			for {
+				i := strings.IndexByte(acc, '\n')
+				if i < 0 {
+					break
+				}
+				lines <- acc[:i]
+				acc = acc[i+1:]
+			}
+			if err != nil {
+				return
+			}
+		}
+	}()
+	var uid, leaf string
+	for l := range lines {
+		log.WriteString(l + "\n")
+		if rest, ok := strings.CutPrefix(l, "GO "); ok {
+			uid, leaf, _ = strings.Cut(rest, " ")
+			break
+		}
+	}
+	if uid == "" {
+		cmd.Wait()
+		t.Fatalf("the helper did not get to the %s:\n%s", what, log.String())
+	}
+	criuPid := 0
+	for deadline := time.Now().Add(20 * time.Second); criuPid == 0 && time.Now().Before(deadline); {
+		for _, kid := range childrenOf(cmd.Process.Pid) {
+			if comm, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", kid)); strings.TrimSpace(string(comm)) == "criu" {
+				criuPid = kid
+			}
+		}
+	}
+	if criuPid == 0 {
+		cmd.Process.Kill()
+		cmd.Wait()
+		t.Fatalf("no criu seen under the helper:\n%s", log.String())
+	}
+	// Into the dump's page writing, or the restore's forking of the fiber.
+	delay := 30 * time.Millisecond
+	if what == "resume" {
+		delay = 200 * time.Millisecond
+	}
+	time.Sleep(delay)
+	cmd.Process.Kill()
+	go func() {
+		for l := range lines {
+			log.WriteString(l + "\n")
+		}
+	}()
+	cmd.Wait()
+	waitGone(t, criuPid)
+
+	img := filepath.Join(dir, "img")
+	switch what {
+	case "park":
+		if _, err := os.Stat(img); err == nil {
+			if _, err := os.Stat(filepath.Join(img, manifestName)); err != nil {
+				t.Fatalf("%s exists without its manifest: a torn image", img)
+			}
+			t.Logf("the park completed before the kill: %s is a complete image", img)
+		} else if _, err := os.Stat(img + partialSuffix); err == nil {
+			t.Logf("a partial image is left, as documented")
+		}
+		if err := RemoveImage(img); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := os.Stat(img + partialSuffix); !errors.Is(err, os.ErrNotExist) {
+			t.Fatalf("RemoveImage left %s", img+partialSuffix)
+		}
+	case "resume":
+		// The half-restored fiber, if any, is in the leaf: killing the
+		// leaf (what the agent does with a previous epoch's leaves)
+		// ends it.
+		procs, _ := cgroup.At(leaf).Procs()
+		t.Logf("left in the leaf after the kill: %v", procs)
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := cgroup.At(leaf).Destroy(ctx); err != nil {
+			t.Fatalf("leaf %s: %v", leaf, err)
+		}
+	}
+	// The fiber parked or being parked was the zygote's child; the zygote
+	// died with the helper (Pdeathsig). Whether the fiber outlives it
+	// depends on the SDK (a PR_SET_PDEATHSIG in the fiber): end it here.
+	for _, s := range strays(uid) {
+		var pid int
+		if _, err := fmt.Sscanf(s, "process %d", &pid); err == nil {
+			t.Logf("left after the kill: %s (%s)", s, strings.TrimSpace(readComm(pid)))
+			syscall.Kill(pid, syscall.SIGKILL)
+		}
+	}
+	noStrays(t, uid)
+}
+
+func readComm(pid int) string {
+	b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid))
+	return string(b)
+}
+
+// killedHelper is the process killedMid kills: it parks a fiber with 64
+// MiB of its own (or parks it and then resumes it into a leaf) and says GO
+// just before.
+func killedHelper(t *testing.T, v string) {
+	what, dir, _ := strings.Cut(v, " ")
+	p := newCkpt(t)
+	uid, f, ep := running(t, p, true, 64, "")
+	img := filepath.Join(dir, "img")
+	switch what {
+	case "park":
+		fmt.Printf("GO %s -\n", uid)
+		p.Park(context.Background(), ParkRequest{Fence: f.Fence, Dir: img, Template: testTemplate})
+	case "resume":
+		park(t, p, f.Fence, img)
+		tree, err := cgroup.NewTree(cgroup.Config{Root: os.Getenv(killedEnv + "_CGROUP"), Logger: quiet})
+		if err != nil {
+			t.Fatal(err)
+		}
+		g, err := tree.Grant(uid)
+		if err != nil {
+			t.Fatal(err)
+		}
+		leaf, err := g.Fiber(1, 2)
+		if err != nil {
+			t.Fatal(err)
+		}
+		fmt.Printf("GO %s %s\n", uid, leaf.Path())
+		p.Resume(context.Background(), ResumeRequest{Fence: fence(uid, 2), Image: img, Template: testTemplate, Listener: ep.file, Leaf: leaf.Path()})
+	}
+	time.Sleep(time.Minute) // killed before this ends
+}
