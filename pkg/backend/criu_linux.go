@@ -95,7 +95,9 @@ func probeCRIU(ctx context.Context, path, envPath string) (*criu, error) {
 	}
 	switch {
 	case caps&(1<<capSysAdmin) != 0:
-		if err := ownDir(criuKdatDir); err != nil {
+		// Without /dev/shm criu just keeps no cache; a directory someone
+		// else made would feed criu a cache of theirs.
+		if err := ownDir(criuKdatDir); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			return nil, err
 		}
 	case caps&(1<<capCheckpointRestore) != 0 && caps&(1<<capSysPtrace) != 0:
