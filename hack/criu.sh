@@ -26,8 +26,9 @@
 #   - Fails (exit 1, message on stderr) when apt-get, the archive or the build fails; a failed
 #     build removes the stamp so the next run starts over.
 #
-# Cost (2 cores): see docs/operations.md ("Parking fibers"); about 70 s cold with the build packages
-# installed, a few milliseconds when current.
+# Cost (2 cores): cold, 7 min 20 s to 7 min 40 s on a shared VM at load average 15 to 20 (2.2 min of
+# CPU; about 10 to 25 s of it fetching the source index), so about 2 minutes on an idle machine, plus
+# the build packages the first time; about 60 ms when current.
 set -euo pipefail
 
 say() { printf 'criu: %s\n' "$*" >&2; }
@@ -35,7 +36,6 @@ fail() { say "error: $*"; exit 1; }
 
 CACHE=${1:-${FIBERD_CRIU_CACHE:-$HOME/.cache/fiberd/criu}}
 VERSION=4.2.1
-DEBIAN_REVISION=1
 # SHA-256 of criu_4.2.1.orig.tar.xz as Debian's source index lists it.
 SHA256=29ec0ee09e296479fe7048c80980e8ef1d0684d0b0204c2b101dfea19f6725b9
 KDAT_DIR=/dev/shm/fiberd-criu
@@ -90,18 +90,22 @@ mirror=$(awk '/^URIs:/ {print $2}' /etc/apt/sources.list.d/*.sources 2>/dev/null
 [[ -n $mirror ]] || mirror=$(awk '$1 == "deb" && $2 !~ /security/ {print $2; exit}' /etc/apt/sources.list 2>/dev/null || true)
 [[ -n $mirror ]] || fail "found no Debian mirror in /etc/apt/sources.list.d/*.sources or /etc/apt/sources.list"
 mkdir -p "$W/lists/partial" "$W/src"
-APT=(apt-get -o Dir::Etc::sourcelist="$W/sources.list" -o Dir::Etc::sourceparts=- -o Dir::State::Lists="$W/lists"
+OPTS=(-o Dir::Etc::sourcelist="$W/sources.list" -o Dir::Etc::sourceparts=- -o Dir::State::Lists="$W/lists"
 	-o APT::Sandbox::User=root)
 tarball=$W/src/criu_$VERSION.orig.tar.xz
+: >"$W/source.log"
 for s in $SUITES; do
-	say "looking for criu $VERSION-$DEBIAN_REVISION in $s ($mirror) ..."
+	say "looking for criu $VERSION in $s ($mirror) ..."
 	echo "deb-src $mirror $s main" >"$W/sources.list"
-	"${APT[@]}" update -qq >"$W/update.log" 2>&1 || { cat "$W/update.log" >&2; fail "apt-get update of the $s source index failed"; }
-	# The Debian part (debian.tar.xz) may be gone from the pool; the original tarball is all the build uses.
-	(cd "$W/src" && "${APT[@]}" source --download-only -qq "criu=$VERSION-$DEBIAN_REVISION" >"$W/source.log" 2>&1) || true
+	apt-get "${OPTS[@]}" update -qq >"$W/update.log" 2>&1 || { cat "$W/update.log" >&2; fail "apt-get update of the $s source index failed"; }
+	# Any Debian revision of VERSION: they share the original tarball, which is all the build uses
+	# (the Debian part, debian.tar.xz, may be gone from the pool already).
+	rev=$(apt-cache "${OPTS[@]}" showsrc criu 2>/dev/null | awk -v v="$VERSION-" '$1 == "Version:" && index($2, v) == 1 {print $2; exit}')
+	[[ -n $rev ]] || continue
+	(cd "$W/src" && apt-get "${OPTS[@]}" source --download-only -qq "criu=$rev" >>"$W/source.log" 2>&1) || true
 	[[ -s $tarball ]] && break
 done
-[[ -s $tarball ]] || { cat "$W/source.log" >&2; fail "criu $VERSION-$DEBIAN_REVISION is in none of the source indexes of: $SUITES (set FIBERD_CRIU_SUITES)"; }
+[[ -s $tarball ]] || { cat "$W/source.log" >&2; fail "criu $VERSION is in none of the source indexes of: $SUITES (set FIBERD_CRIU_SUITES)"; }
 echo "$SHA256  $tarball" | sha256sum -c --quiet - || fail "criu_$VERSION.orig.tar.xz does not have SHA-256 $SHA256"
 
 say "compiling criu $VERSION (source fetched at $((SECONDS - start)) s) ..."
