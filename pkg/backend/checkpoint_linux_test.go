@@ -957,7 +957,11 @@ func killedMid(t *testing.T, what string) {
 	}
 	dir := t.TempDir()
 	cmd := exec.Command(os.Args[0], "-test.run=^"+t.Name()+"$", "-test.v", "-test.count=1")
-	cmd.Env = append(os.Environ(), killedEnv+"="+what+" "+dir)
+	tmp := filepath.Join(dir, "tmp") // the helper's own temporary directories, never cleaned by it
+	if err := os.Mkdir(tmp, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	cmd.Env = append(os.Environ(), killedEnv+"="+what+" "+dir, "TMPDIR="+tmp)
 	if tree != nil {
 		cmd.Env = append(cmd.Env, killedEnv+"_CGROUP="+tree.Root())
 	}
