@@ -33,7 +33,8 @@ import (
 // zygote's death reach it), and the watcher, one goroutine per Proc polling
 // the pidfds of every resumed fiber, reaps it and finishes it. The
 // zygote's teardown (wait) therefore leaves resumed fibers to the watcher
-// and only waits for them (splitResumed, awaitResumed).
+// and only waits for them (splitResumed, awaitResumed). The watcher and
+// the reaping are in resumed_linux.go, the criu command in criu_linux.go.
 //
 // Lock order: Proc.mu, then zygote.mu, then procCkpt.mu; none is held
 // across a process start or a wait.
