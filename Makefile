@@ -6,12 +6,19 @@ FUZZTIME ?= 10s
 # Where hack/kube-tools.sh caches kube-apiserver, kubectl and etcd.
 FIBERD_KUBE_CACHE ?= $(HOME)/.cache/fiberd/kube
 export FIBERD_KUBE_CACHE
+# Where hack/criu.sh caches the CRIU the CHECKPOINT tier runs (bin/criu, fiberd's default -criu).
+FIBERD_CRIU_CACHE ?= $(HOME)/.cache/fiberd/criu
+export FIBERD_CRIU_CACHE
+# The criu pkg/backend's park and resume tests run (they skip, saying so, when it is missing,
+# unless FIBERD_CRIU_REQUIRED=1, which .ci/run sets).
+FIBERD_CRIU ?= $(FIBERD_CRIU_CACHE)/bin/criu
+export FIBERD_CRIU
 
 # Build tags of the suites that need a real API server.
 TAGGED := -tags integration
 E2E_TAGS := -tags e2e
 
-.PHONY: help build test vet fuzz ci kube-tools test-integration conformance e2e
+.PHONY: help build test vet fuzz ci kube-tools criu test-integration conformance e2e
 
 help: ## List the targets.
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -38,6 +45,9 @@ fuzz: ## Run every fuzz target for FUZZTIME each (hack/fuzz.sh).
 kube-tools: ## Build kube-apiserver, kubectl and etcd into $(FIBERD_KUBE_CACHE)/bin (a no-op when current).
 	hack/kube-tools.sh "$(FIBERD_KUBE_CACHE)"
 
+criu: ## Build CRIU 4.2.1 (parking fibers) into $(FIBERD_CRIU_CACHE)/bin (a no-op when current).
+	hack/criu.sh "$(FIBERD_CRIU_CACHE)"
+
 test-integration: kube-tools ## The Kubernetes home and harness on a real kube-apiserver + etcd; never skips.
 	FIBERD_KUBE_REQUIRED=1 $(GO) test -race -count=1 $(TAGGED) ./pkg/home/kubernetes/... ./test/kubeapi/...
 
@@ -47,7 +57,7 @@ conformance: kube-tools ## The agent's promises against every home (the Kubernet
 e2e: kube-tools ## A grant Pod end to end: real API server, grant-issuer, fiberd -home kubernetes.
 	FIBERD_KUBE_REQUIRED=1 $(GO) test -count=1 -timeout 20m $(E2E_TAGS) ./test/e2e/...
 
-ci: vet build test fuzz test-integration conformance e2e ## What .ci/run runs: everything, nothing skipped.
+ci: vet build criu test fuzz test-integration conformance e2e ## What .ci/run runs: everything, nothing skipped.
 
 .PHONY: demo
 demo: ## Start fiberd -dev, clone warm and cold fibers, print their times, stop it.

@@ -185,10 +185,13 @@ type Exit struct {
 	Reason ExitReason
 }
 
-// ExitReason says how a fiber or zygote ended. Exactly one of Signal,
-// TemplateDied, or a plain exit Code applies; Killed and MemoryMax may
-// accompany any of them.
+// ExitReason says how a fiber or zygote ended. Exactly one of Parked,
+// Signal, TemplateDied, or a plain exit Code applies; Killed and
+// MemoryMax may accompany any of them.
 type ExitReason struct {
+	// Parked is set when the fiber ended because Park wrote its image:
+	// its session lives on in the image (see Checkpointer).
+	Parked bool
 	// Code is the exit code when the process exited by itself.
 	Code int
 	// Signal is the signal's name ("SIGKILL") when a signal ended it.
@@ -205,10 +208,12 @@ type ExitReason struct {
 	MemoryMax bool
 }
 
-// String reads "exit:0", "signal:SIGSEGV", "template died", "killed" or
-// "memory.max".
+// String reads "exit:0", "signal:SIGSEGV", "template died", "killed",
+// "parked" or "memory.max".
 func (r ExitReason) String() string {
 	switch {
+	case r.Parked:
+		return "parked"
 	case r.MemoryMax:
 		return "memory.max"
 	case r.Killed:
@@ -244,6 +249,11 @@ type Config struct {
 	// override it) and the path a bare command name is looked up in.
 	// Default "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".
 	Path string
+	// CRIU is the criu binary (4.2 or later) the proc backend parks and
+	// resumes fibers with: the CHECKPOINT tier (see Checkpointer). It must
+	// be absolute. Default "": no checkpoints; Park and Resume then fail
+	// with core.ErrTierGap. hack/criu.sh builds one at DefaultCRIUPath.
+	CRIU string
 	// Shell runs the exec backend's one-line shim that sets LISTEN_PID to
 	// the fiber's own pid before it execs the template (the pid is not
 	// known before the fork). Must be a POSIX sh. Default "/bin/sh".
@@ -277,6 +287,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("backend: Config.KillTimeout %v is negative: leave it 0 for 10s or give a positive duration", c.KillTimeout)
 	case c.LogMaxBytes < 0:
 		return fmt.Errorf("backend: Config.LogMaxBytes %d is negative: leave it 0 for 1 MiB", c.LogMaxBytes)
+	case c.CRIU != "" && !filepath.IsAbs(c.CRIU):
+		return fmt.Errorf("backend: Config.CRIU %q is not absolute: give the full path of the criu binary, or leave it empty for no checkpoints", c.CRIU)
 	case c.Shell != "" && !filepath.IsAbs(c.Shell):
 		return fmt.Errorf("backend: Config.Shell %q is not absolute: give the full path of a POSIX sh", c.Shell)
 	case c.Isolation.rank() < 0:

@@ -41,7 +41,24 @@ func (unsupported) Stop(context.Context, string) error     { return errUnsupport
 func (unsupported) Exits() <-chan Exit                     { return nil }
 func (unsupported) Close() error                           { return nil }
 
+// CheckpointSupport fails off Linux with an error wrapping
+// errors.ErrUnsupported and core.ErrTierGap.
+func (*Proc) CheckpointSupport(context.Context) error {
+	return fmt.Errorf("%w: %w", errUnsupported, core.ErrTierGap)
+}
+
+// Park fails off Linux.
+func (p *Proc) Park(ctx context.Context, _ ParkRequest) (Image, error) {
+	return Image{}, p.CheckpointSupport(ctx)
+}
+
+// Resume fails off Linux.
+func (p *Proc) Resume(ctx context.Context, _ ResumeRequest) (Resumed, error) {
+	return Resumed{}, p.CheckpointSupport(ctx)
+}
+
 var (
-	_ Backend = (*Proc)(nil)
-	_ Backend = (*Exec)(nil)
+	_ Checkpointer = (*Proc)(nil)
+	_ Backend      = (*Proc)(nil)
+	_ Backend      = (*Exec)(nil)
 )

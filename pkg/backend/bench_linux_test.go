@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -253,4 +254,94 @@ func BenchmarkPSS50Fibers(b *testing.B) {
 		mib = pss50(b)
 	}
 	b.ReportMetric(mib, "pss-MiB")
+}
+
+// parkCases are the fibers BenchmarkParkResume parks: the C counter with 1
+// and 16 MiB of its own (each fiber dirties them before serving), the
+// Python counter, and a C fiber with 1 MiB of its own forked from a zygote
+// holding 64 MiB (its image holds those 64 MiB too).
+var parkCases = []struct {
+	name string
+	kind kind
+	args []string
+}{
+	{"c-1MiB", kindC, []string{"--dirty-mib", "1"}},
+	{"c-16MiB", kindC, []string{"--dirty-mib", "16"}},
+	{"python", kindPython, nil},
+	{"c-1MiB-of-64MiB-zygote", kindC, []string{"--hold-mib", "64", "--dirty-mib", "1"}},
+}
+
+// BenchmarkParkResume parks a running fiber (park-*: Park until it
+// returned, the image complete and the fiber's Exit queued) and resumes it
+// (resume-*: Resume until the first byte of the fiber's HTTP answer), over
+// and over, the same session each time. The images are written to
+// $FIBERD_BENCH_IMAGES when set, else to the test's temporary directory.
+// image-MiB is the size of the first image, own-MiB the fiber's own memory
+// (Private_Dirty) when it was first parked: an image also holds the pages
+// the fiber shares with its zygote, and a resumed fiber shares none (its
+// later images are the same size, all of it its own).
+func BenchmarkParkResume(b *testing.B) {
+	for _, pc := range parkCases {
+		b.Run(pc.name, func(b *testing.B) {
+			p := newCkpt(b)
+			uid := uidFor(b)
+			warm(b, p, uid, pc.kind.spec(b, pc.args...), "")
+			root := os.Getenv("FIBERD_BENCH_IMAGES")
+			if root == "" {
+				root = b.TempDir()
+			} else if root, _ = os.MkdirTemp(root, "bench"); root != "" {
+				b.Cleanup(func() { os.RemoveAll(root) })
+			}
+			ctx := context.Background()
+			ep := listen(b, true)
+			f := fence(uid, 1)
+			if _, err := p.Clone(ctx, CloneRequest{Fence: f, Listener: ep.file}); err != nil {
+				b.Fatal(err)
+			}
+			if err := firstByte(ep); err != nil {
+				b.Fatal(err)
+			}
+			var parks, resumes []time.Duration
+			var first Image
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				dir := filepath.Join(root, strconv.Itoa(i))
+				start := time.Now()
+				img, err := p.Park(ctx, ParkRequest{Fence: f, Dir: dir, Template: testTemplate})
+				if err != nil {
+					b.Fatal(err)
+				}
+				parks = append(parks, time.Since(start))
+				if i == 0 {
+					first = img
+				}
+				b.StopTimer()
+				<-p.Exits()
+				ep = listen(b, true)
+				f.Seq++
+				b.StartTimer()
+				start = time.Now()
+				if _, err := p.Resume(ctx, ResumeRequest{Fence: f, Image: dir, Template: testTemplate, Listener: ep.file}); err != nil {
+					b.Fatal(err)
+				}
+				if err := firstByte(ep); err != nil {
+					b.Fatal(err)
+				}
+				resumes = append(resumes, time.Since(start))
+				b.StopTimer()
+				if err := RemoveImage(dir); err != nil {
+					b.Fatal(err)
+				}
+				b.StartTimer()
+			}
+			b.StopTimer()
+			ms := func(x time.Duration) float64 { return float64(x) / float64(time.Millisecond) }
+			b.ReportMetric(ms(percentile(parks, 0.5)), "park-p50-ms")
+			b.ReportMetric(ms(percentile(parks, 0.99)), "park-p99-ms")
+			b.ReportMetric(ms(percentile(resumes, 0.5)), "resume-p50-ms")
+			b.ReportMetric(ms(percentile(resumes, 0.99)), "resume-p99-ms")
+			b.ReportMetric(float64(first.Bytes)/(1<<20), "image-MiB")
+			b.ReportMetric(float64(first.OwnBytes)/(1<<20), "own-MiB")
+		})
+	}
 }

@@ -107,6 +107,24 @@
 // itself, orphaned when the fiber dies first, are not reaped by the
 // backend.
 //
+// # Parking (CHECKPOINT)
+//
+// Proc also implements Checkpointer when Config.CRIU names a working CRIU
+// (4.2 or later; hack/criu.sh builds one): Park writes a running fiber's
+// process tree to an image directory with criu dump and ends the fiber
+// (its Exit says Parked); Resume restores an image with criu restore as a
+// running fiber of the same grant under a new fence, in a new leaf, with a
+// listener fiberd hands it as descriptor 3. An image carries a manifest
+// (grant, epoch, fence, template, spec digest, listener, file sizes),
+// written last; Resume refuses an image of another grant, epoch or
+// template, or a damaged one, with ErrImageUnusable. A resumed fiber is
+// fiberd's child rather than the zygote's: a watcher goroutine reaps it
+// by pidfd, and the processes it leaves behind (reparented to fiberd) are
+// reaped from its leaf. A fiber that leads its own pid namespace is parked
+// with its namespace and resumed into a new one; a fiber inside a pid
+// namespace it does not lead cannot be parked. See checkpoint.go and
+// docs/operations.md.
+//
 // # Who imports it
 //
 // pkg/fiberd wires a Backend per tier and is its only caller. backend

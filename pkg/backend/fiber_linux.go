@@ -31,6 +31,8 @@ type fiber struct {
 	killed atomic.Bool   // set by Kill or Stop before the kill is sent
 	silent atomic.Bool   // a fiber whose Clone was abandoned: no Exit
 	done   chan struct{} // closed once it is gone, its leaf removed and its Exit queued
+
+	ck fiberCkpt // park and resume state (checkpoint_linux.go)
 }
 
 func newFiber(fence core.Fence, pid int, leaf string) *fiber {
@@ -60,6 +62,7 @@ func (f *fiber) signal(ctx context.Context) error {
 // left of it (processes it started that are still in its leaf or process
 // group), removes its leaf, queues its Exit and closes done.
 func (c *common) finish(f *fiber, r ExitReason) {
+	r = f.ck.reason(r)
 	if f.killed.Load() {
 		r.Killed = true
 	}

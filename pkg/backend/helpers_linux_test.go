@@ -205,7 +205,9 @@ func listen(tb testing.TB, unix bool) endpoint {
 		tb.Cleanup(func() { os.RemoveAll(dir) })
 		l, err = net.Listen("unix", filepath.Join(dir, "s"))
 	} else {
-		l, err = net.Listen("tcp", "127.0.0.1:0")
+		var lc net.ListenConfig
+		lc.SetMultipathTCP(false) // as pkg/endpoint binds them: CRIU cannot park MPTCP
+		l, err = lc.Listen(context.Background(), "tcp", "127.0.0.1:0")
 	}
 	if err != nil {
 		tb.Fatal(err)

@@ -109,15 +109,9 @@ func newSandbox(cfg Config, log logr.Logger, perFiber bool) *sandbox {
 // privilegeMissing says what keeps this process from isolating grants, or
 // "" when nothing visible does (the probe has the last word).
 func privilegeMissing() string {
-	b, err := os.ReadFile("/proc/self/status")
+	eff, err := effectiveCaps()
 	if err != nil {
-		return "cannot read /proc/self/status: " + err.Error()
-	}
-	var eff uint64
-	for _, line := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(line, "CapEff:"); ok {
-			eff, _ = strconv.ParseUint(strings.TrimSpace(v), 16, 64)
-		}
+		return "cannot read fiberd's capabilities: " + err.Error()
 	}
 	var lack []string
 	for _, c := range []struct {

@@ -122,7 +122,7 @@ func firstID(tb testing.TB, pid int, key string) int {
 	return id
 }
 
-const capSysAdmin = "0000000000200000"
+const capSysAdminOnly = "0000000000200000"
 
 // TestIsolationSupport: a backend gives what Config.Isolation asks where it
 // can, and nothing without being asked.
@@ -191,7 +191,7 @@ func TestIsolatedFibers(t *testing.T) {
 			if im.tier == core.TierWarm {
 				zpid = zygotePID(t, uid)
 				st := procStatus(t, zpid)
-				if st["NoNewPrivs"] != "1" || st["CapEff"] != capSysAdmin || st["CapAmb"] != capSysAdmin {
+				if st["NoNewPrivs"] != "1" || st["CapEff"] != capSysAdminOnly || st["CapAmb"] != capSysAdminOnly {
 					t.Errorf("zygote: NoNewPrivs %s CapEff %s CapAmb %s, want 1 and CAP_SYS_ADMIN alone", st["NoNewPrivs"], st["CapEff"], st["CapAmb"])
 				}
 				for _, ns := range []string{"user", "pid", "mnt", "ipc", "uts"} {

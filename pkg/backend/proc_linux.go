@@ -32,6 +32,8 @@ type Proc struct {
 	zygotes map[string]*zygote
 	closed  bool
 
+	ck procCkpt // the CHECKPOINT tier (checkpoint_linux.go)
+
 	closeOnce sync.Once
 	closeErr  error
 }
@@ -621,6 +623,7 @@ func (z *zygote) wait() {
 		pc.ch <- cloneResult{err: fmt.Errorf("zygote ended: %w", ErrCold)}
 	}
 	ctx, cancel = core.WithTimeout(context.Background(), p.cfg.Clock, p.cfg.KillTimeout)
+	resumed := splitResumed(fibers, !stopping) // the watcher reaps these
 	var fw sync.WaitGroup
 	list := make([]*fiber, 0, len(fibers))
 	for _, f := range fibers {
@@ -638,6 +641,7 @@ func (z *zygote) wait() {
 		go func() { defer fw.Done(); p.finish(f, ExitReason{TemplateDied: !stopping}) }()
 	})
 	fw.Wait()
+	p.awaitResumed(ctx, resumed, stopping)
 	if z.leaf != "" {
 		if err := cgroup.At(z.leaf).Destroy(ctx); err != nil {
 			p.log.Error(err, "Zygote leaf not removed", "grant", z.uid, "leaf", z.leaf)
@@ -833,6 +837,7 @@ func (p *Proc) Close() error {
 		for _, z := range p.zygotes {
 			stops = append(stops, z.stop)
 		}
+		stops = append(stops, p.closeCheckpoint) // after the zygotes: it waits for their resumed fibers
 		p.mu.Unlock()
 		p.closeErr = p.shutdown(stops)
 	})

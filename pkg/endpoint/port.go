@@ -1,6 +1,7 @@
 package endpoint
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net"
@@ -169,7 +170,7 @@ func (a *Allocator) Listen(family Family, host string) (net.Listener, string, er
 			return nil, "", err
 		}
 		addr := net.JoinHostPort(host, strconv.Itoa(port))
-		l, err := net.Listen(network, addr)
+		l, err := fiberListenConfig.Listen(context.Background(), network, addr)
 		if err == nil {
 			return l, TCPURL(host, port), nil
 		}
@@ -180,6 +181,16 @@ func (a *Allocator) Listen(family Family, host string) (net.Listener, string, er
 	}
 	return nil, "", fmt.Errorf("port range %s on %s: every port is held or in use: %w", a.r, host, ErrExhausted)
 }
+
+// fiberListenConfig binds fibers' TCP listeners as plain TCP. Go listens
+// with Multipath TCP by default where the kernel has it, and CRIU cannot
+// dump an MPTCP socket ("Unsupported proto 262"), so such a fiber could
+// never be parked; a fiber's listener gains nothing from MPTCP.
+var fiberListenConfig = func() net.ListenConfig {
+	var lc net.ListenConfig
+	lc.SetMultipathTCP(false)
+	return lc
+}()
 
 // bindHost checks host against family and returns the network to listen
 // on and the host to bind.

@@ -1,0 +1,819 @@
+package backend
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io/fs"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"fiberd.io/fiberd/pkg/cgroup"
+	"fiberd.io/fiberd/pkg/core"
+)
+
+// The CHECKPOINT tier of the proc backend: Park and Resume with CRIU.
+//
+// A parked fiber was the zygote's child: criu dump kills it, the zygote
+// reaps it and says EXITED, and finish queues its Exit once Park has said
+// whether the image is complete (Reason.Parked) or not (the reason it
+// died). A resumed fiber is restored with --restore-sibling, so it is
+// fiberd's own child, not the zygote's: no EXITED ever comes for it. It
+// lives in the grant's fiber map like any other fiber (Kill, Stop and the
+// zygote's death reach it), and the watcher, one goroutine per Proc polling
+// the pidfds of every resumed fiber, reaps it and finishes it. The
+// zygote's teardown (wait) therefore leaves resumed fibers to the watcher
+// and only waits for them (splitResumed, awaitResumed). The watcher and
+// the reaping are in resumed_linux.go, the criu command in criu_linux.go.
+//
+// Lock order: Proc.mu, then zygote.mu, then procCkpt.mu; none is held
+// across a process start or a wait.
+
+var _ Checkpointer = (*Proc)(nil)
+
+// procCkpt is the Proc's checkpoint state.
+type procCkpt struct {
+	probeMu  sync.Mutex
+	probing  chan struct{} // closed when the running probe ends; nil when none runs
+	probed   bool          // a probe finished (not cut short by its ctx)
+	criu     *criu         // the working CRIU, when probed and working
+	probeErr error         // why there is none, when probed
+
+	mu       sync.Mutex // guards watched, started, closing, abandon, sweep, wakeR, wakeW
+	watched  map[*fiber]*zygote
+	started  bool
+	sweep    bool // a SIGCHLD came: look for orphans of resumed fibers to reap
+	closing  bool // Close asked the watcher to end once no fiber is left
+	abandon  bool // Close's time is up: end now, fibers or not
+	wakeR    *os.File
+	wakeW    *os.File
+	stopped  chan struct{} // closed when the watcher goroutine has returned
+	stopOnce sync.Once
+}
+
+// fiberCkpt is a fiber's park and resume state.
+type fiberCkpt struct {
+	// resumed is set before a resumed fiber is published: fiberd, not
+	// the zygote, is its parent and the watcher reaps it.
+	resumed bool
+	// park is the Park in progress, if any.
+	park atomic.Pointer[parkOp]
+	// templateDied is set by the zygote's teardown for a resumed fiber it
+	// is about to kill, so its Exit says so.
+	templateDied atomic.Bool
+}
+
+// parkOp is one Park of a fiber; done is closed once ok is final.
+type parkOp struct {
+	done chan struct{}
+	ok   bool
+}
+
+// reason is what finish reports: Parked when the fiber ended because its
+// image is complete (it waits for the Park in progress to know),
+// TemplateDied for a resumed fiber its zygote's death killed, else r.
+func (c *fiberCkpt) reason(r ExitReason) ExitReason {
+	if op := c.park.Load(); op != nil {
+		<-op.done
+		if op.ok {
+			return ExitReason{Parked: true}
+		}
+	}
+	if c.templateDied.Load() {
+		return ExitReason{TemplateDied: true}
+	}
+	return r
+}
+
+// CheckpointSupport implements Checkpointer.
+func (p *Proc) CheckpointSupport(ctx context.Context) error {
+	_, err := p.criu(ctx)
+	return err
+}
+
+// criu returns the probed CRIU, probing it once.
+func (p *Proc) criu(ctx context.Context) (*criu, error) {
+	c := &p.ck
+	for {
+		c.probeMu.Lock()
+		if c.probed {
+			cr, err := c.criu, c.probeErr
+			c.probeMu.Unlock()
+			return cr, err
+		}
+		if wait := c.probing; wait != nil {
+			c.probeMu.Unlock()
+			select {
+			case <-wait:
+				continue
+			case <-ctx.Done():
+				return nil, fmt.Errorf("checkpoint: waiting for the CRIU probe: %w", ctx.Err())
+			}
+		}
+		done := make(chan struct{})
+		c.probing = done
+		c.probeMu.Unlock()
+
+		cr, err := probeCRIU(ctx, p.cfg.CRIU, p.cfg.Path)
+		c.probeMu.Lock()
+		c.probing = nil
+		if ctx.Err() == nil || err == nil {
+			c.probed, c.criu = true, cr
+			if err != nil {
+				c.probeErr = fmt.Errorf("checkpoint tier absent: %v: %w", err, core.ErrTierGap)
+				p.log.Info("Checkpoint tier absent: fibers cannot be parked", "reason", err.Error())
+			} else {
+				p.log.Info("Checkpoint tier ready", "criu", cr.path, "version", cr.version, "unprivileged", cr.unprivileged)
+			}
+		}
+		cr, perr := c.criu, c.probeErr
+		probed := c.probed
+		c.probeMu.Unlock()
+		close(done)
+		if !probed {
+			return nil, fmt.Errorf("checkpoint: probing CRIU: %w", ctx.Err())
+		}
+		return cr, perr
+	}
+}
+
+// findFiber returns the grant's zygote and the running fiber of fence.
+func (p *Proc) findFiber(fence core.Fence) (*zygote, *fiber) {
+	p.mu.Lock()
+	z := p.zygotes[fence.GrantUID]
+	p.mu.Unlock()
+	if z == nil {
+		return nil, nil
+	}
+	z.mu.Lock()
+	defer z.mu.Unlock()
+	return z, z.fibers[fence.String()]
+}
+
+// Park implements Checkpointer.
+func (p *Proc) Park(ctx context.Context, req ParkRequest) (img Image, err error) {
+	if err := checkPark(req); err != nil {
+		return Image{}, err
+	}
+	name := req.Fence.String()
+	wrap := func(err error) error { return fmt.Errorf("fiber %s: park: %w", name, err) }
+	cr, err := p.criu(ctx)
+	if err != nil {
+		return Image{}, wrap(err)
+	}
+	z, f := p.findFiber(req.Fence)
+	if f == nil {
+		return Image{}, wrap(core.ErrNotFound)
+	}
+	z.mu.Lock()
+	ending := z.cold || z.stopping
+	z.mu.Unlock()
+	if ending {
+		return Image{}, wrap(fmt.Errorf("its grant is being stopped: %w", core.ErrNotFound))
+	}
+	if _, err := os.Lstat(req.Dir); err == nil {
+		return Image{}, wrap(fmt.Errorf("image directory %s exists already: %w", req.Dir, core.ErrInvalid))
+	}
+	op := &parkOp{done: make(chan struct{})}
+	if !f.ck.park.CompareAndSwap(nil, op) {
+		return Image{}, wrap(fmt.Errorf("a park of this fiber is under way: %w", core.ErrInvalid))
+	}
+	tmp := req.Dir + partialSuffix
+	defer func() {
+		if err != nil {
+			_ = os.RemoveAll(tmp)
+			f.ck.park.Store(nil)
+			close(op.done) // op.ok stays false: the fiber, if it ended, ended for its own reason
+		}
+	}()
+
+	parent := z.proc.Pid
+	if f.ck.resumed {
+		parent = os.Getpid()
+	}
+	pidfd, _, err := fiberPidfd(f.pid, parent)
+	if err != nil {
+		return Image{}, wrap(fmt.Errorf("%v: %w", err, core.ErrNotFound))
+	}
+	m, err := describeFiber(pidfd, f.pid)
+	_ = unix.Close(pidfd)
+	if err != nil {
+		return Image{}, wrap(err)
+	}
+	if req.MaxBytes > 0 && m.dumpBytes > req.MaxBytes {
+		return Image{}, wrap(fmt.Errorf("its memory to write is %d bytes, over the bound of %d: %w", m.dumpBytes, req.MaxBytes, ErrTooLarge))
+	}
+	m.Version = manifestVersion
+	m.GrantUID, m.Epoch, m.Seq = req.Fence.GrantUID, req.Fence.Epoch, req.Fence.Seq
+	m.Template, m.SpecDigest, m.CRIU = req.Template, specDigest(z.spec), cr.version
+
+	if err := os.RemoveAll(tmp); err != nil {
+		return Image{}, wrap(err)
+	}
+	if err := os.Mkdir(tmp, 0o700); err != nil {
+		return Image{}, wrap(err)
+	}
+	start := p.cfg.Clock.Now()
+	cmd := cr.command(ctx, cr.flags("dump", "-t", strconv.Itoa(f.pid), "-D", tmp, "-o", "dump.log",
+		"--tcp-close", "--skip-in-flight", "--manage-cgroups=ignore")...)
+	cmd.Dir = tmp
+	if out, rerr := cmd.CombinedOutput(); rerr != nil {
+		if ctx.Err() != nil {
+			return Image{}, wrap(fmt.Errorf("criu dump: %w", ctx.Err()))
+		}
+		logPath := filepath.Join(tmp, "dump.log")
+		err := criuFailure("dump", rerr, logPath, filepath.Dir(req.Dir), false)
+		if m.Network == "unix" && logHas(logPath, "External socket is used", "Can't dump half of stream unix connection") {
+			err = fmt.Errorf("a connection to its unix listener is open or waiting to be accepted, and CRIU cannot park one end of a unix connection: park it once it is idle: %w", err)
+		}
+		if len(out) > 0 {
+			err = fmt.Errorf("%w; output: %s", err, lastLines(out, 2))
+		}
+		return Image{}, wrap(err)
+	}
+	dumped := p.cfg.Clock.Since(start)
+
+	// criu has killed the fiber; the image is complete once its manifest
+	// is written and the directory renamed.
+	if m.Files, err = imageFiles(tmp); err != nil {
+		return Image{}, wrap(err)
+	}
+	b, err := json.Marshal(m.manifest)
+	if err == nil {
+		err = os.WriteFile(filepath.Join(tmp, manifestName), b, 0o600)
+	}
+	if err == nil {
+		err = os.Rename(tmp, req.Dir)
+	}
+	if err != nil {
+		return Image{}, wrap(fmt.Errorf("the fiber ended but its image could not be written: %w", err))
+	}
+	op.ok = true
+	close(op.done)
+
+	// Its Exit (Parked) follows the zygote's EXITED, or the watcher's reap.
+	wctx, cancel := core.WithTimeout(context.Background(), p.cfg.Clock, p.cfg.KillTimeout)
+	defer cancel()
+	select {
+	case <-f.done:
+	case <-wctx.Done():
+		p.log.Info("Parked fiber's exit not seen in time", "fence", name, "pid", f.pid)
+	}
+	img = Image{Dir: req.Dir, Bytes: m.bytes(), OwnBytes: m.OwnBytes, Network: netName(m.Network), Addr: m.Addr}
+	p.log.V(1).Info("Fiber parked", "fence", name, "image", req.Dir, "bytes", img.Bytes, "own", img.OwnBytes, "dump", dumped)
+	return img, nil
+}
+
+func netName(n string) string {
+	if n == "tcp6" {
+		return "tcp"
+	}
+	return n
+}
+
+// fiberFacts is what Park learns of a fiber before dumping it.
+type fiberFacts struct {
+	manifest
+	dumpBytes int64 // the memory criu will write, estimated
+}
+
+// maxTreeProcs bounds the processes of one fiber Park looks at.
+const maxTreeProcs = 4096
+
+// describeFiber reads the fiber's listener (descriptor 3), its pipes among
+// descriptors 0-2, its pid namespace and its memory.
+func describeFiber(pidfd, pid int) (fiberFacts, error) {
+	var m fiberFacts
+	m.PID = pid
+	if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid)); err == nil {
+		m.Comm = strings.TrimSpace(string(b))
+	}
+	ns, err := nsPIDs(pid)
+	if err != nil {
+		return m, err
+	}
+	switch {
+	case len(ns) > 1 && ns[len(ns)-1] == 1:
+		m.OwnPIDNS = true
+	case len(ns) > 1:
+		return m, fmt.Errorf("the fiber is pid %d of a pid namespace it does not lead; CRIU parks only the init of a pid namespace, or a process of fiberd's: %w", ns[len(ns)-1], core.ErrTierGap)
+	}
+	if fd, err := unix.PidfdGetfd(pidfd, 3, 0); err == nil {
+		m.Network, m.Addr, m.Inode = listenerOf(fd)
+		proto, _ := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_PROTOCOL)
+		_ = unix.Close(fd)
+		if proto == unix.IPPROTO_MPTCP {
+			return m, fmt.Errorf("its listener %s is a Multipath TCP socket, which CRIU cannot dump; bind TCP listeners with MPTCP off (net.ListenConfig.SetMultipathTCP(false), as pkg/endpoint does): %w", m.Addr, core.ErrTierGap)
+		}
+	}
+	seen := map[uint64]bool{}
+	for fd := 0; fd <= 2; fd++ {
+		link, err := os.Readlink(fmt.Sprintf("/proc/%d/fd/%d", pid, fd))
+		if err != nil {
+			continue
+		}
+		if s, ok := strings.CutPrefix(link, "pipe:["); ok {
+			ino, err := strconv.ParseUint(strings.TrimSuffix(s, "]"), 10, 64)
+			if err == nil && !seen[ino] {
+				seen[ino] = true
+				m.Pipes = append(m.Pipes, ino)
+			}
+		}
+	}
+	for _, q := range processTree(pid) {
+		st := procKB(fmt.Sprintf("/proc/%d/status", q), "RssAnon:", "RssShmem:", "VmSwap:")
+		m.dumpBytes += st << 10
+		m.OwnBytes += procKB(fmt.Sprintf("/proc/%d/smaps_rollup", q), "Private_Dirty:") << 10
+	}
+	return m, nil
+}
+
+// listenerOf describes a listening stream socket: its network, address and
+// inode; all zero when fd is something else.
+func listenerOf(fd int) (network, addr string, ino uint64) {
+	if v, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_ACCEPTCONN); err != nil || v != 1 {
+		return "", "", 0
+	}
+	var st unix.Stat_t
+	if unix.Fstat(fd, &st) != nil {
+		return "", "", 0
+	}
+	sa, err := unix.Getsockname(fd)
+	if err != nil {
+		return "", "", 0
+	}
+	switch a := sa.(type) {
+	case *unix.SockaddrInet4:
+		return "tcp", net.JoinHostPort(net.IP(a.Addr[:]).String(), strconv.Itoa(a.Port)), st.Ino
+	case *unix.SockaddrInet6:
+		return "tcp6", net.JoinHostPort(net.IP(a.Addr[:]).String(), strconv.Itoa(a.Port)), st.Ino
+	case *unix.SockaddrUnix:
+		if a.Name == "" {
+			return "", "", 0
+		}
+		return "unix", a.Name, st.Ino
+	}
+	return "", "", 0
+}
+
+// nsPIDs reads the NSpid line of /proc/<pid>/status: the pid in each
+// namespace from fiberd's inward.
+func nsPIDs(pid int) ([]int, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return nil, fmt.Errorf("%v: %w", err, core.ErrNotFound)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if rest, ok := strings.CutPrefix(line, "NSpid:"); ok {
+			var out []int
+			for _, f := range strings.Fields(rest) {
+				n, err := strconv.Atoi(f)
+				if err != nil {
+					return nil, fmt.Errorf("/proc/%d/status: NSpid %q", pid, rest)
+				}
+				out = append(out, n)
+			}
+			return out, nil
+		}
+	}
+	return []int{pid}, nil
+}
+
+// processTree is pid and its descendants (at most maxTreeProcs).
+func processTree(pid int) []int {
+	out := []int{pid}
+	for i := 0; i < len(out) && len(out) < maxTreeProcs; i++ {
+		tasks, _ := os.ReadDir(fmt.Sprintf("/proc/%d/task", out[i]))
+		for _, t := range tasks {
+			b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/children", out[i], t.Name()))
+			for _, f := range strings.Fields(string(b)) {
+				if n, err := strconv.Atoi(f); err == nil && len(out) < maxTreeProcs {
+					out = append(out, n)
+				}
+			}
+		}
+	}
+	return out
+}
+
+// procKB sums the "key: N kB" lines of a /proc file.
+func procKB(path string, keys ...string) int64 {
+	f, err := os.Open(path)
+	if err != nil {
+		return 0
+	}
+	defer f.Close()
+	var n int64
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		line := sc.Text()
+		for _, k := range keys {
+			if rest, ok := strings.CutPrefix(line, k); ok {
+				if fs := strings.Fields(rest); len(fs) > 0 {
+					v, _ := strconv.ParseInt(fs[0], 10, 64)
+					n += v
+				}
+			}
+		}
+	}
+	return n
+}
+
+// Resume implements Checkpointer.
+func (p *Proc) Resume(ctx context.Context, req ResumeRequest) (res Resumed, err error) {
+	if err := checkResume(req); err != nil {
+		return Resumed{}, err
+	}
+	name := req.Fence.String()
+	wrap := func(err error) error { return fmt.Errorf("fiber %s: resume %s: %w", name, req.Image, err) }
+	cr, err := p.criu(ctx)
+	if err != nil {
+		return Resumed{}, wrap(err)
+	}
+	b, err := core.ReadFileBounded(filepath.Join(req.Image, manifestName), maxManifestBytes)
+	if err != nil {
+		return Resumed{}, wrap(fmt.Errorf("no complete image: %v: %w", err, ErrImageUnusable))
+	}
+	m, err := parseManifest(b)
+	if err != nil {
+		return Resumed{}, wrap(err)
+	}
+	if err := m.usableFor(req); err != nil {
+		return Resumed{}, wrap(err)
+	}
+	if err := checkFiles(req.Image, m.Files); err != nil {
+		return Resumed{}, wrap(err)
+	}
+
+	// The grant must be warm: the resumed fiber is one of its fibers, and
+	// writes to its log.
+	p.mu.Lock()
+	z := p.zygotes[req.Fence.GrantUID]
+	p.mu.Unlock()
+	if z == nil {
+		return Resumed{}, wrap(fmt.Errorf("grant not warm: %w", ErrCold))
+	}
+	if d := specDigest(z.spec); d != m.SpecDigest {
+		return Resumed{}, wrap(fmt.Errorf("the grant's template spec changed since the park: %w", ErrImageUnusable))
+	}
+	z.mu.Lock()
+	switch {
+	case !z.warm || z.cold || z.stopping:
+		z.mu.Unlock()
+		return Resumed{}, wrap(fmt.Errorf("grant not warm: %w", ErrCold))
+	case z.pending[name] != nil || z.fibers[name] != nil:
+		z.mu.Unlock()
+		return Resumed{}, wrap(fmt.Errorf("already running: %w", core.ErrInvalid))
+	}
+	// A pending entry reserves the fence; the zygote never answers it.
+	pc := &pendingClone{fence: req.Fence, leaf: req.Leaf, ch: make(chan cloneResult, 1)}
+	z.pending[name] = pc
+	z.mu.Unlock()
+	defer func() {
+		z.mu.Lock()
+		if z.pending[name] == pc {
+			delete(z.pending, name)
+		}
+		z.mu.Unlock()
+	}()
+
+	args := cr.flags("restore", "-D", req.Image, "-o", "restore.log", "-d", "--restore-sibling",
+		"--pidfile", restoredPidfile, "--tcp-close", "--manage-cgroups=ignore")
+	var extra []*os.File
+	inherit := func(f *os.File, id string) {
+		extra = append(extra, f)
+		args = append(args, "--inherit-fd", fmt.Sprintf("fd[%d]:%s", 2+len(extra), id))
+	}
+	if len(m.Pipes) > 0 {
+		logW, err := z.out.writer()
+		if err != nil {
+			return Resumed{}, wrap(fmt.Errorf("the grant's log: %v: %w", err, ErrCold))
+		}
+		defer logW.Close()
+		for _, ino := range m.Pipes {
+			inherit(logW, fmt.Sprintf("pipe:[%d]", ino))
+		}
+	}
+	var keepPath string // a unix path criu would unlink, kept by a hard link
+	res.Listener = req.Listener
+	switch m.Network {
+	case "unix":
+		if req.Listener == nil {
+			return Resumed{}, wrap(fmt.Errorf("the image's listener is a unix socket: Listener is required: %w", core.ErrInvalid))
+		}
+		if n, _, _ := fileListener(req.Listener); n != "unix" {
+			return Resumed{}, wrap(fmt.Errorf("the image's listener is a unix socket; Listener is %q, not a listening unix socket: %w", n, core.ErrInvalid))
+		}
+		inherit(req.Listener, fmt.Sprintf("socket:[%d]", m.Inode))
+		// criu unlinks the path the fiber was bound to, even for an
+		// inherited socket; whatever is there now keeps its name.
+		if st, err := os.Lstat(m.Addr); err == nil && st.Mode()&fs.ModeSocket != 0 {
+			keepPath = fmt.Sprintf("%s.keep-%d-%d", m.Addr, req.Fence.Epoch, req.Fence.Seq)
+			_ = os.Remove(keepPath)
+			if err := os.Link(m.Addr, keepPath); err != nil {
+				keepPath = ""
+			}
+		}
+	case "tcp", "tcp6":
+		if req.Listener != nil {
+			if n, a, _ := fileListener(req.Listener); n != m.Network || a != m.Addr {
+				return Resumed{}, wrap(fmt.Errorf("the image's listener is %s %s; Listener is %s %q: %w", m.Network, m.Addr, n, a, core.ErrInvalid))
+			}
+			_ = req.Listener.Close() // criu binds the address anew
+			res.Listener = nil
+		}
+	default:
+		res.Listener = nil
+	}
+	if keepPath != "" {
+		defer func() {
+			if err := os.Rename(keepPath, m.Addr); err != nil {
+				p.log.Error(err, "Unix socket path not put back after a resume", "path", m.Addr)
+			}
+		}()
+	}
+	_ = os.Remove(filepath.Join(req.Image, restoredPidfile))
+
+	cmd := cr.command(ctx, args...)
+	cmd.Dir = req.Image
+	cmd.ExtraFiles = extra
+	var leafF *os.File
+	if req.Leaf != "" {
+		if leafF, err = cgroup.At(req.Leaf).Open(); err != nil {
+			return Resumed{}, wrap(err)
+		}
+		defer leafF.Close()
+		cmd.SysProcAttr.UseCgroupFD = true
+		cmd.SysProcAttr.CgroupFD = int(leafF.Fd())
+	}
+	start, startTick := p.cfg.Clock.Now(), bootTicks()
+	out, rerr := cmd.CombinedOutput()
+	logPath := filepath.Join(req.Image, "restore.log")
+	if rerr != nil {
+		p.cleanFailedRestore(req.Leaf, m, logPath, startTick)
+		if ctx.Err() != nil {
+			return Resumed{}, wrap(fmt.Errorf("criu restore: %w", ctx.Err()))
+		}
+		if pidInUse(logPath) && !m.OwnPIDNS {
+			return Resumed{}, wrap(fmt.Errorf("pid %d, which the fiber must get back, is taken by another process now (log %s)", m.PID, logPath))
+		}
+		err := criuFailure("restore", rerr, logPath, req.Image, true)
+		if len(out) > 0 {
+			err = fmt.Errorf("%w; output: %s", err, lastLines(out, 2))
+		}
+		return Resumed{}, wrap(err)
+	}
+	restored := p.cfg.Clock.Since(start)
+
+	f, lst, err := p.adoptRestored(req, m, logPath, startTick)
+	if err != nil {
+		return Resumed{}, wrap(err)
+	}
+	if lst != nil {
+		res.Listener = lst
+	}
+	z.mu.Lock()
+	if z.cold || z.stopping {
+		z.mu.Unlock()
+		p.discard(f)
+		if lst != nil {
+			_ = lst.Close()
+		}
+		return Resumed{}, wrap(fmt.Errorf("the grant's zygote ended meanwhile: %w", ErrCold))
+	}
+	delete(z.pending, name)
+	z.fibers[name] = f
+	z.mu.Unlock()
+	if !p.watch(f, z) {
+		// Close came first: end the fiber here, without an Exit.
+		z.mu.Lock()
+		if z.fibers[name] == f {
+			delete(z.fibers, name)
+		}
+		z.mu.Unlock()
+		f.silent.Store(true)
+		ctx, cancel := core.WithTimeout(context.Background(), p.cfg.Clock, p.cfg.KillTimeout)
+		_ = f.signal(ctx)
+		p.reapBlocking(ctx, f.pidfd)
+		cancel()
+		f.closePidfd()
+		p.finish(f, ExitReason{Killed: true}) // closes done for whoever waits; removes the leaf
+		if lst != nil {
+			_ = lst.Close()
+		}
+		return Resumed{}, wrap(errClosed)
+	}
+	p.log.V(1).Info("Fiber resumed", "fence", name, "pid", f.pid, "image", req.Image, "restore", restored)
+	res.Fiber = Fiber{Fence: req.Fence, PID: f.pid}
+	return res, nil
+}
+
+// restoredPidfile is where criu restore writes the restored fiber's pid,
+// in the image directory.
+const restoredPidfile = "restored.pid"
+
+// adoptRestored opens a pidfd on the fiber criu restored and checks it is
+// fiberd's child; for a TCP image it also takes a copy of the fiber's new
+// listener (pidfd_getfd of its descriptor 3).
+func (p *Proc) adoptRestored(req ResumeRequest, m manifest, logPath string, startTick int64) (*fiber, *os.File, error) {
+	b, err := os.ReadFile(filepath.Join(req.Image, restoredPidfile))
+	if err != nil {
+		return nil, nil, fmt.Errorf("criu restore wrote no pid file: %w", err)
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil || pid <= 0 {
+		return nil, nil, fmt.Errorf("criu restore's pid file holds %q", b)
+	}
+	pidfd, _, err := fiberPidfd(pid, os.Getpid())
+	if err != nil {
+		// Not ours to reap, or gone already: end what may be left.
+		p.cleanFailedRestore(req.Leaf, m, logPath, startTick)
+		return nil, nil, fmt.Errorf("restored fiber %d: %w", pid, err)
+	}
+	f := newFiber(req.Fence, pid, req.Leaf)
+	f.pidfd = pidfd
+	f.ck.resumed = true
+	var lst *os.File
+	if m.Network == "tcp" || m.Network == "tcp6" {
+		fd, err := unix.PidfdGetfd(pidfd, 3, 0)
+		if err != nil {
+			p.discard(f)
+			return nil, nil, fmt.Errorf("taking a copy of the restored fiber's listener: %w", os.NewSyscallError("pidfd_getfd", err))
+		}
+		lst = os.NewFile(uintptr(fd), "listener "+m.Addr)
+	}
+	return f, lst, nil
+}
+
+// discard kills a restored fiber nobody will track and reaps it, removing
+// its leaf; it queues no Exit.
+func (p *Proc) discard(f *fiber) {
+	ctx, cancel := core.WithTimeout(context.Background(), p.cfg.Clock, p.cfg.KillTimeout)
+	defer cancel()
+	_ = f.signal(ctx)
+	p.reapBlocking(ctx, f.pidfd)
+	f.closePidfd()
+	if f.leaf != "" {
+		_ = cgroup.At(f.leaf).Destroy(ctx)
+	}
+}
+
+// cleanFailedRestore ends whatever a failed criu restore left, and reaps
+// what of it is fiberd's child (criu kills the tasks it restored, but the
+// restored root, forked as criu's sibling, is fiberd's zombie then): with a
+// leaf, every process in it (criu ran there) and every zombie child of
+// fiberd that was in it. Without a leaf, only the zombie child of fiberd at
+// the fiber's pid, when criu did not fail for that pid being taken, and the
+// zombie has the fiber's name and was born after criu started (so it is
+// never another child of fiberd's); an image of a fiber that led its own
+// pid namespace then leaves nothing findable: give Resume a leaf.
+// startTick is CLOCK_BOOTTIME in clock ticks just before criu started.
+func (p *Proc) cleanFailedRestore(leaf string, m manifest, logPath string, startTick int64) {
+	ctx, cancel := core.WithTimeout(context.Background(), p.cfg.Clock, p.cfg.KillTimeout)
+	defer cancel()
+	var pids []int
+	if leaf != "" {
+		pids, _ = cgroup.At(leaf).Procs()
+		pids = append(pids, zombieChildrenIn(leaf)...)
+	} else if !m.OwnPIDNS && m.Comm != "" && !pidInUse(logPath) && restoredZombie(m.PID, m.Comm, startTick) {
+		pids = append(pids, m.PID)
+	}
+	var fds []int
+	for _, pid := range pids {
+		if fd, _, err := fiberPidfd(pid, os.Getpid()); err == nil {
+			fds = append(fds, fd)
+			_ = unix.PidfdSendSignal(fd, unix.SIGKILL, nil, 0)
+		}
+	}
+	if leaf != "" {
+		p.killLeafEach(ctx, leaf)
+	}
+	for _, fd := range fds {
+		p.reapBlocking(ctx, fd)
+		_ = unix.Close(fd)
+	}
+}
+
+// restoredZombie reports whether pid is a zombie child of fiberd named
+// comm (or still criu) that was born at or after startTick.
+func restoredZombie(pid int, comm string, startTick int64) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	i := strings.LastIndexByte(string(b), ')')
+	j := strings.IndexByte(string(b), '(')
+	if i < 0 || j < 0 || j > i {
+		return false
+	}
+	f := strings.Fields(string(b[i+1:]))
+	// Until its restore finishes, the restored root is still named criu.
+	if name := string(b[j+1 : i]); len(f) < 20 || f[0] != "Z" || (name != comm && name != "criu") {
+		return false
+	}
+	ppid, _ := strconv.Atoi(f[1])
+	start, _ := strconv.ParseInt(f[19], 10, 64) // field 22: starttime
+	return ppid == os.Getpid() && start >= startTick
+}
+
+// bootTicks is CLOCK_BOOTTIME in clock ticks (USER_HZ, 100 on Linux), the
+// unit of a process's start time in /proc/<pid>/stat, rounded down.
+func bootTicks() int64 {
+	var ts unix.Timespec
+	if unix.ClockGettime(unix.CLOCK_BOOTTIME, &ts) != nil {
+		return 1<<62 - 1
+	}
+	return ts.Sec*100 + ts.Nsec/10_000_000
+}
+
+// zombieChildrenIn lists fiberd's children that are zombies and were in
+// the cgroup v2 leaf when they died (/proc keeps a zombie's cgroup).
+func zombieChildrenIn(leaf string) []int {
+	mount, err := cgroup.Mount()
+	if err != nil {
+		return nil
+	}
+	want := strings.TrimPrefix(leaf, mount)
+	var out []int
+	self := os.Getpid()
+	tasks, _ := os.ReadDir(fmt.Sprintf("/proc/%d/task", self))
+	for _, task := range tasks {
+		b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/children", self, task.Name()))
+		for _, f := range strings.Fields(string(b)) {
+			pid, err := strconv.Atoi(f)
+			if err != nil {
+				continue
+			}
+			st, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+			if i := strings.LastIndexByte(string(st), ')'); err != nil || i < 0 || len(st) < i+3 || st[i+2] != 'Z' {
+				continue
+			}
+			cg, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
+			for _, line := range strings.Split(string(cg), "\n") {
+				if p, ok := strings.CutPrefix(line, "0::"); ok && p == want {
+					out = append(out, pid)
+				}
+			}
+		}
+	}
+	return out
+}
+
+// killLeafEach sends SIGKILL to every process in a leaf, again until it is
+// empty or ctx ends. Not cgroup.kill: on this kernel (6.18) a process later
+// born into a cgroup that was once killed through cgroup.kill
+// (CLONE_INTO_CGROUP) is killed at birth, and a retried Resume may reuse the
+// leaf.
+func (p *Proc) killLeafEach(ctx context.Context, leaf string) {
+	for ctx.Err() == nil {
+		pids, err := cgroup.At(leaf).Procs()
+		if err != nil || len(pids) == 0 {
+			return
+		}
+		for _, pid := range pids {
+			_ = unix.Kill(pid, unix.SIGKILL)
+		}
+		select {
+		case <-ctx.Done():
+		case <-p.cfg.Clock.After(time.Millisecond):
+		}
+	}
+}
+
+// writer opens a new write end of the log pipe (through /proc/self/fd of
+// the read end fiberd holds), to hand the grant's log to a resumed fiber.
+func (l *logPipe) writer() (*os.File, error) {
+	rc, err := l.r.SyscallConn()
+	if err != nil {
+		return nil, err
+	}
+	var w *os.File
+	var oerr error
+	cerr := rc.Control(func(fd uintptr) {
+		w, oerr = os.OpenFile("/proc/self/fd/"+strconv.Itoa(int(fd)), os.O_WRONLY|syscall.O_CLOEXEC, 0)
+	})
+	if cerr != nil {
+		return nil, cerr
+	}
+	return w, oerr
+}
+
+// fileListener describes the listening socket behind an *os.File.
+func fileListener(f *os.File) (network, addr string, ino uint64) {
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return "", "", 0
+	}
+	_ = rc.Control(func(fd uintptr) { network, addr, ino = listenerOf(int(fd)) })
+	return
+}
