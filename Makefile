@@ -3,7 +3,8 @@ SHELL := /usr/bin/env bash
 GO ?= go
 BIN ?= bin
 FUZZTIME ?= 10s
-# Where hack/kube-tools.sh caches kube-apiserver, kubectl and etcd.
+# Where hack/kube-tools.sh caches kube-apiserver, kubectl and etcd (and, for a node, kubelet,
+# kube-scheduler, kube-controller-manager, kube-proxy and coredns).
 FIBERD_KUBE_CACHE ?= $(HOME)/.cache/fiberd/kube
 export FIBERD_KUBE_CACHE
 
@@ -11,7 +12,7 @@ export FIBERD_KUBE_CACHE
 TAGGED := -tags integration
 E2E_TAGS := -tags e2e
 
-.PHONY: help build test vet fuzz ci kube-tools test-integration e2e
+.PHONY: help build test vet fuzz ci kube-tools node-tools test-integration e2e
 
 help: ## List the targets.
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -36,6 +37,9 @@ fuzz: ## Run every fuzz target for FUZZTIME each (hack/fuzz.sh).
 
 kube-tools: ## Build kube-apiserver, kubectl and etcd into $(FIBERD_KUBE_CACHE)/bin (a no-op when current).
 	hack/kube-tools.sh "$(FIBERD_KUBE_CACHE)"
+
+node-tools: kube-tools ## Also build kubelet, kube-scheduler, kube-controller-manager, kube-proxy and coredns (a no-op when current).
+	hack/kube-tools.sh -node "$(FIBERD_KUBE_CACHE)"
 
 test-integration: kube-tools ## The Kubernetes home and harness on a real kube-apiserver + etcd; never skips.
 	FIBERD_KUBE_REQUIRED=1 $(GO) test -race -count=1 $(TAGGED) ./pkg/home/kubernetes/... ./test/kubeapi/...
