@@ -211,7 +211,9 @@ GO
 			|| { tail -n 20 "$dir/resolve.log" >&2; fail "resolving coredns failed (log: $dir/resolve.log)"; }
 	fi
 	install_tool "$dir" . coredns "-s -w -X github.com/coredns/coredns/coremain.GitCommit=v$v"
-	"$BIN/coredns" -version | grep -q "^CoreDNS-$v\$" || fail "coredns reports '$("$BIN/coredns" -version | head -n 1)', want $v"
+	local got
+	got=$("$BIN/coredns" -version)
+	[[ ${got%%$'\n'*} == "CoreDNS-$v" ]] || fail "coredns reports '${got%%$'\n'*}', want CoreDNS-$v"
 }
 
 # etcd has no command module of its own worth requiring; a one-line main around etcdmain does.
