@@ -11,8 +11,11 @@ export FIBERD_KUBE_CACHE
 # Build tags of the suites that need a real API server.
 TAGGED := -tags integration
 E2E_TAGS := -tags e2e
+NODE_TAGS := -tags e2enode
+# The stages of `make ci`, in order; each one's time is printed.
+CI_STAGES := vet build test fuzz kube-tools test-integration e2e node-tools e2e-node
 
-.PHONY: help build test vet fuzz ci kube-tools node-tools test-integration e2e
+.PHONY: help build test vet fuzz ci kube-tools node-tools test-integration e2e e2e-node
 
 help: ## List the targets.
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -31,6 +34,7 @@ vet: ## go vet (every build tag) and gofmt.
 	$(GO) vet -tags testhooks ./pkg/fiberd/... ./cmd/fiberd/...
 	$(GO) vet $(TAGGED) ./pkg/home/kubernetes/... ./test/...
 	$(GO) vet $(E2E_TAGS) ./test/e2e/...
+	$(GO) vet $(NODE_TAGS) ./test/node/...
 	cd tools && $(GO) vet ./...
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 
@@ -49,7 +53,21 @@ test-integration: kube-tools ## The Kubernetes home and harness on a real kube-a
 e2e: kube-tools ## A grant Pod end to end: real API server, grant-issuer, fiberd -home kubernetes.
 	FIBERD_KUBE_REQUIRED=1 $(GO) test -count=1 -timeout 20m $(E2E_TAGS) ./test/e2e/...
 
-ci: vet build test fuzz test-integration e2e ## What .ci/run runs: everything, nothing skipped.
+e2e-node: node-tools ## Grant Pods on a real node (kubelet, containerd, runc, CNI; hack/node-up.sh), as root.
+	FIBERD_KUBE_REQUIRED=1 $(GO) test -count=1 -timeout 15m -v $(NODE_TAGS) ./test/node/...
+
+ci: ## What .ci/run runs: every stage of CI_STAGES, nothing skipped; prints each stage's time.
+	@set -e; total=$$SECONDS; \
+	for stage in $(CI_STAGES); do \
+		t=$$SECONDS; \
+		echo "==== make ci: stage $$stage"; \
+		if ! $(MAKE) --no-print-directory $$stage; then \
+			echo "==== make ci: stage $$stage FAILED after $$((SECONDS - t)) s"; exit 1; \
+		fi; \
+		times="$$times$$(printf '%-18s %5d s' $$stage $$((SECONDS - t)))\n"; \
+		echo "==== make ci: stage $$stage passed in $$((SECONDS - t)) s"; \
+	done; \
+	printf '==== make ci: every stage passed in %d s\n%b' $$((SECONDS - total)) "$$times"
 
 .PHONY: demo
 demo: ## Start fiberd -dev, clone warm and cold fibers, print their times, stop it.
