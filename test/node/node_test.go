@@ -176,13 +176,22 @@ func (tl *timeline) stop() {
 	tl.done.Wait()
 }
 
-// check: every Pod version that is Ready has the gate True; the EndpointSlice lists ip ready
-// only after the Pod was seen Ready; a version running with its container ready but not Ready
-// was seen.
+// check: every Pod version that is Ready has the gate True; no EndpointSlice version lists ip
+// ready before the first Pod version that is Ready; a version running with its container ready but
+// not Ready was seen. "Before" is by resourceVersion: with one etcd they are its revisions, one
+// sequence over every resource, whereas two watches may deliver in either order.
 func (tl *timeline) check(t *testing.T, ip string) {
 	t.Helper()
 	tl.mu.Lock()
 	defer tl.mu.Unlock()
+	rv := func(m metav1.Object) uint64 {
+		n, err := strconv.ParseUint(m.GetResourceVersion(), 10, 64)
+		if err != nil {
+			t.Fatalf("resourceVersion %q of %s is not an etcd revision", m.GetResourceVersion(), m.GetName())
+		}
+		return n
+	}
+	var podReadyRV, epsReadyRV uint64
 	var podReadyAt, epsReadyAt time.Time
 	sawGated := false
 	for _, e := range tl.events {
@@ -191,8 +200,8 @@ func (tl *timeline) check(t *testing.T, ip string) {
 			if ready && !isTrue(p, readinessGate) {
 				t.Errorf("Pod version %s is Ready without the gate: %s", p.ResourceVersion, conditions(p))
 			}
-			if ready && podReadyAt.IsZero() {
-				podReadyAt = e.at
+			if ready && (podReadyRV == 0 || rv(p) < podReadyRV) {
+				podReadyRV, podReadyAt = rv(p), e.at
 			}
 			if !ready && isTrue(p, corev1.ContainersReady) {
 				sawGated = true
@@ -200,11 +209,8 @@ func (tl *timeline) check(t *testing.T, ip string) {
 		}
 		if s := e.eps; s != nil {
 			for _, ep := range s.Endpoints {
-				if slices.Contains(ep.Addresses, ip) && ep.Conditions.Ready != nil && *ep.Conditions.Ready && epsReadyAt.IsZero() {
-					epsReadyAt = e.at
-					if podReadyAt.IsZero() {
-						t.Errorf("EndpointSlice %s version %s lists %s ready before the Pod was seen Ready", s.Name, s.ResourceVersion, ip)
-					}
+				if slices.Contains(ep.Addresses, ip) && ep.Conditions.Ready != nil && *ep.Conditions.Ready && (epsReadyRV == 0 || rv(s) < epsReadyRV) {
+					epsReadyRV, epsReadyAt = rv(s), e.at
 				}
 			}
 		}
@@ -212,11 +218,14 @@ func (tl *timeline) check(t *testing.T, ip string) {
 	if !sawGated {
 		t.Errorf("no Pod version had its container ready and the Pod not Ready")
 	}
-	if podReadyAt.IsZero() || epsReadyAt.IsZero() {
-		t.Errorf("watched no Ready Pod (%v) or no ready endpoint (%v)", podReadyAt, epsReadyAt)
+	if podReadyRV == 0 || epsReadyRV == 0 {
+		t.Errorf("watched no Ready Pod (revision %d) or no ready endpoint (revision %d)", podReadyRV, epsReadyRV)
 		return
 	}
-	record("readiness: Pod Ready to its EndpointSlice endpoint ready (watch)", epsReadyAt.Sub(podReadyAt))
+	if epsReadyRV < podReadyRV {
+		t.Errorf("the EndpointSlice listed %s ready at revision %d, before the Pod was Ready (revision %d)", ip, epsReadyRV, podReadyRV)
+	}
+	t.Logf("Pod Ready at revision %d, its endpoint ready at revision %d (%v apart as the watches delivered them)", podReadyRV, epsReadyRV, epsReadyAt.Sub(podReadyAt))
 }
 
 // endpointReady reports whether an EndpointSlice of the fiberd Service lists ip ready, and
@@ -537,8 +546,10 @@ func TestDeletePod(t *testing.T) {
 	if ts == nil || ts.ExitCode != 0 {
 		t.Fatalf("fiberd's container ended %+v, want exit code 0", ts)
 	}
-	record("delete: deletion to fiberd's container finished (kubelet's clock)", ts.FinishedAt.Sub(t0.Truncate(time.Second)))
 	out := logs.wait(t)
+	if d, ok := drainTime(out); ok {
+		record("delete: fiberd's drain, \"Agent draining\" to \"fiberd stopped\" (its log)", d)
+	}
 	for _, want := range []string{"Agent draining", `"Grant yielded"`, "fiberd stopped: every fiber released"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("fiberd's log lacks %s:\n%s", want, tailLines(out, 30))
@@ -578,6 +589,9 @@ func TestDeleteNamespace(t *testing.T) {
 	}
 	record("namespace delete: to fiberd's container finished", time.Since(t0))
 	out := logs.wait(t)
+	if d, ok := drainTime(out); ok {
+		record("namespace delete: fiberd's drain (its log)", d)
+	}
 	lost := grepLine(out, "Epoch bumped; every running fiber released", "fibers=2")
 	drained := grepLine(out, `"Grant yielded"`, `reason="agent stopping"`, "fibers=2")
 	switch {
@@ -1073,6 +1087,25 @@ func (tw *termWatch) wait(t testing.TB) *corev1.ContainerStateTerminated {
 		t.Fatal("fiberd's container did not terminate within 2 minutes")
 		return nil
 	}
+}
+
+// drainTime is the time between fiberd's "Agent draining" and "fiberd stopped" log lines, from
+// their klog timestamps (microseconds; the date is dropped, so a drain across midnight is missed).
+func drainTime(log string) (time.Duration, bool) {
+	at := func(word string) (time.Time, bool) {
+		for _, line := range strings.Split(log, "\n") {
+			if strings.Contains(line, word) {
+				if f := strings.Fields(line); len(f) > 1 {
+					ts, err := time.Parse("15:04:05.000000", f[1])
+					return ts, err == nil
+				}
+			}
+		}
+		return time.Time{}, false
+	}
+	from, ok1 := at("Agent draining")
+	to, ok2 := at("fiberd stopped")
+	return to.Sub(from), ok1 && ok2 && !to.Before(from)
 }
 
 // imageFiles lists the regular files of a one-layer image tarball in docker save's layout.
