@@ -8,7 +8,7 @@
 // kubelet can show: the readiness gate, the projected grant token, clones
 // from another Pod on the Pod IP over mTLS, the drain on delete, a
 // restarted container's epoch, namespace deletion, zombies, the security
-// context, and that stopping the node leaves nothing behind.
+// context, garbage collection, and that stopping the node leaves nothing behind.
 //
 // The tests carry the build tag e2enode and need root; run them with
 //

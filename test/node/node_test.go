@@ -666,6 +666,39 @@ func TestSecondNode(t *testing.T) {
 	}
 }
 
+// The controller manager collects garbage as on a real cluster: deleting an owner deletes what
+// it owns.
+func TestGarbageCollection(t *testing.T) {
+	c := shared(t)
+	const ns = "garbage"
+	c.kubectl(t, "", "create", "namespace", ns)
+	cms := c.cs.CoreV1().ConfigMaps(ns)
+	owner, err := cms.Create(c.ctx(t, 30*time.Second), &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "owner"}}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dep := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "owned", OwnerReferences: []metav1.OwnerReference{{
+		APIVersion: "v1", Kind: "ConfigMap", Name: owner.Name, UID: owner.UID,
+	}}}}
+	if _, err := cms.Create(c.ctx(t, 30*time.Second), dep, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := cms.Delete(c.ctx(t, 30*time.Second), owner.Name, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t0 := time.Now()
+	for end := time.Now().Add(time.Minute); ; time.Sleep(100 * time.Millisecond) {
+		_, err := cms.Get(c.ctx(t, 30*time.Second), "owned", metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			break
+		}
+		if time.Now().After(end) {
+			t.Fatalf("the owned ConfigMap is still there a minute after its owner's deletion: %v", err)
+		}
+	}
+	record("garbage collection: owner deleted to the owned object gone", time.Since(t0))
+}
+
 // hack/images.sh's fiberd image holds the files deploy/kubernetes/Dockerfile copies into its
 // final stage, at the same paths, and no others (beyond the base layout).
 func TestImageLayout(t *testing.T) {
