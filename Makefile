@@ -18,7 +18,7 @@ CI_STAGES := vet build test fuzz kube-tools test-integration e2e node-tools e2e-
 .PHONY: help build test vet fuzz ci kube-tools node-tools test-integration e2e e2e-node
 
 help: ## List the targets.
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
+	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
 
 build: ## Build every command into ./bin.
 	@mkdir -p $(BIN)
