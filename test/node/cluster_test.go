@@ -453,37 +453,9 @@ type Cycle struct {
 // and returns its lines; the Pod must succeed.
 func (c *cluster) runClient(t *testing.T, g *grantPod, name string, n int, keep bool) []Cycle {
 	t.Helper()
-	c.waitServiceAccount(t, g.ns)
-	no := false
-	uid := int64(65532)
-	pod := &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: g.ns},
-		Spec: corev1.PodSpec{
-			RestartPolicy:                corev1.RestartPolicyNever,
-			AutomountServiceAccountToken: &no,
-			SecurityContext:              &corev1.PodSecurityContext{RunAsUser: &uid, RunAsGroup: &uid, RunAsNonRoot: ptr(true)},
-			Containers: []corev1.Container{{
-				Name: "client", Image: clientImage, ImagePullPolicy: corev1.PullNever,
-				Args: []string{"-addr=https://" + g.ip + ":8484", "-server-name=fiberd." + g.ns + ".svc",
-					"-tls-cert=/tls/tls.crt", "-tls-key=/tls/tls.key", "-ca=/tls/ca.crt",
-					"-grant-uid=" + g.uid, "-n=" + strconv.Itoa(n), "-keep=" + strconv.FormatBool(keep)},
-				VolumeMounts: []corev1.VolumeMount{{Name: "tls", MountPath: "/tls", ReadOnly: true}},
-			}},
-			Volumes: []corev1.Volume{{Name: "tls", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{
-				SecretName: "fiberd-client-tls", DefaultMode: ptr(int32(0o444)),
-			}}}},
-		},
-	}
-	if _, err := c.cs.CoreV1().Pods(g.ns).Create(c.ctx(t, 30*time.Second), pod, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	p := c.waitPod(t, g.ns, name, waitPod, "the client finished", func(p *corev1.Pod) (bool, string) {
-		return p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed, string(p.Status.Phase)
-	})
-	out := c.logs(t, g.ns, name, false)
-	if p.Status.Phase != corev1.PodSucceeded {
-		t.Fatalf("client Pod %s %s:\n%s", name, p.Status.Phase, out)
-	}
+	out := c.runPod(t, g.ns, name, clientImage, nil, []string{"-addr=https://" + g.ip + ":8484", "-server-name=fiberd." + g.ns + ".svc",
+		"-tls-cert=/tls/tls.crt", "-tls-key=/tls/tls.key", "-ca=/tls/ca.crt",
+		"-grant-uid=" + g.uid, "-n=" + strconv.Itoa(n), "-keep=" + strconv.FormatBool(keep)})
 	var cycles []Cycle
 	for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
 		var cy Cycle
@@ -496,6 +468,42 @@ func (c *cluster) runClient(t *testing.T, g *grantPod, name string, n int, keep 
 		t.Fatalf("client printed %d cycles, want %d:\n%s", len(cycles), n, out)
 	}
 	return cycles
+}
+
+// runPod runs a Pod of image (command and args as given) in namespace ns, as user 65532 with
+// the client certificate of grantNamespace at /tls, until it ends, and returns its log; it must
+// succeed.
+func (c *cluster) runPod(t *testing.T, ns, name, image string, command, args []string) string {
+	t.Helper()
+	c.waitServiceAccount(t, ns)
+	no := false
+	uid := int64(65532)
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
+		Spec: corev1.PodSpec{
+			RestartPolicy:                corev1.RestartPolicyNever,
+			AutomountServiceAccountToken: &no,
+			SecurityContext:              &corev1.PodSecurityContext{RunAsUser: &uid, RunAsGroup: &uid, RunAsNonRoot: ptr(true)},
+			Containers: []corev1.Container{{
+				Name: "client", Image: image, ImagePullPolicy: corev1.PullNever, Command: command, Args: args,
+				VolumeMounts: []corev1.VolumeMount{{Name: "tls", MountPath: "/tls", ReadOnly: true}},
+			}},
+			Volumes: []corev1.Volume{{Name: "tls", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{
+				SecretName: "fiberd-client-tls", DefaultMode: ptr(int32(0o444)),
+			}}}},
+		},
+	}
+	if _, err := c.cs.CoreV1().Pods(ns).Create(c.ctx(t, 30*time.Second), pod, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	p := c.waitPod(t, ns, name, waitPod, "the Pod finished", func(p *corev1.Pod) (bool, string) {
+		return p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed, string(p.Status.Phase)
+	})
+	out := c.logs(t, ns, name, false)
+	if p.Status.Phase != corev1.PodSucceeded {
+		t.Fatalf("Pod %s %s:\n%s", name, p.Status.Phase, out)
+	}
+	return out
 }
 
 func ptr[T any](v T) *T { return &v }

@@ -335,6 +335,22 @@ func TestGrantPod(t *testing.T) {
 	t.Logf("the client Pod cloned %s at %s in %.1f ms, first byte at %.1f ms: %q", cy.FiberID, cy.Endpoint, cy.CloneMs, cy.FirstByteMs, strings.TrimSpace(cy.Body))
 	recordMs("clone from another Pod over mTLS: first Clone", cy.CloneMs)
 	recordMs("clone from another Pod over mTLS: first Clone to first byte", cy.FirstByteMs)
+
+	// As docs/kubernetes.md shows a caller with one grant Pod in the namespace: fiberctl on the
+	// Service's name, which the cluster DNS answers with the ready Pod's address, and which
+	// fiberd's certificate names.
+	out := c.runPod(t, ns, "fiberctl", fiberdImage, []string{"/usr/local/bin/fiberctl"}, []string{
+		"-addr", "fiberd." + ns + ".svc:8484", "-ca", "/tls/ca.crt", "-tls-cert", "/tls/tls.crt", "-tls-key", "/tls/tls.key",
+		"-o", "json", "clone", "-grant-uid", g.uid})
+	var resp api.CloneResponse
+	if err := json.Unmarshal([]byte(out), &resp); err != nil || !strings.HasPrefix(resp.FiberID, g.uid+"/") {
+		t.Errorf("fiberctl clone through fiberd.%s.svc printed %q (%v), want a fiber of grant %s", ns, out, err, g.uid)
+	} else {
+		t.Logf("fiberctl in a Pod cloned %s through fiberd.%s.svc:8484", resp.FiberID, ns)
+		if err := g.agent(t).Release(c.ctx(t, 30*time.Second), resp.FiberID); err != nil {
+			t.Errorf("release of %s: %v", resp.FiberID, err)
+		}
+	}
 }
 
 // What the manifests claim about security holds in the running containers: fiberd's and the
