@@ -3,7 +3,8 @@ SHELL := /usr/bin/env bash
 GO ?= go
 BIN ?= bin
 FUZZTIME ?= 10s
-# Where hack/kube-tools.sh caches kube-apiserver, kubectl and etcd.
+# Where hack/kube-tools.sh caches kube-apiserver, kubectl and etcd (and, for a node, kubelet,
+# kube-scheduler, kube-controller-manager, kube-proxy and coredns).
 FIBERD_KUBE_CACHE ?= $(HOME)/.cache/fiberd/kube
 export FIBERD_KUBE_CACHE
 # Where hack/criu.sh caches the CRIU the CHECKPOINT tier runs (bin/criu, fiberd's default -criu).
@@ -17,19 +18,23 @@ export FIBERD_CRIU
 # Build tags of the suites that need a real API server.
 TAGGED := -tags integration
 E2E_TAGS := -tags e2e
+NODE_TAGS := -tags e2enode
+# The stages of `make ci`, in order; each one's time is printed.
+CI_STAGES := vet build criu test fuzz kube-tools test-integration conformance e2e node-tools e2e-node
 
-.PHONY: help build test vet fuzz ci kube-tools criu test-integration conformance e2e
+.PHONY: help build test vet fuzz ci kube-tools criu node-tools test-integration conformance e2e e2e-node
 
 help: ## List the targets.
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
+	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
 
 build: ## Build every command into ./bin.
 	@mkdir -p $(BIN)
 	$(GO) build -o $(BIN)/ ./cmd/...
 
-test: ## Unit tests with the race detector, and the testhooks build of the agent, the daemon and the conformance suite.
+test: ## Unit tests with the race detector, the testhooks build of the agent, the daemon and the conformance suite, the tools module.
 	$(GO) test -race -count=1 ./...
 	$(GO) test -race -count=1 -tags testhooks ./pkg/fiberd/... ./cmd/fiberd/... ./test/conformance/...
+	cd tools && $(GO) test -race -count=1 ./...
 
 vet: ## go vet (every build tag) and gofmt.
 	$(GO) vet ./...
@@ -37,6 +42,8 @@ vet: ## go vet (every build tag) and gofmt.
 	$(GO) vet $(TAGGED) ./pkg/home/kubernetes/... ./test/...
 	$(GO) vet -tags integration,testhooks ./test/conformance/...
 	$(GO) vet $(E2E_TAGS) ./test/e2e/...
+	$(GO) vet $(NODE_TAGS) ./test/node/...
+	cd tools && $(GO) vet ./...
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 
 fuzz: ## Run every fuzz target for FUZZTIME each (hack/fuzz.sh).
@@ -48,6 +55,9 @@ kube-tools: ## Build kube-apiserver, kubectl and etcd into $(FIBERD_KUBE_CACHE)/
 criu: ## Build CRIU 4.2.1 (parking fibers) into $(FIBERD_CRIU_CACHE)/bin (a no-op when current).
 	hack/criu.sh "$(FIBERD_CRIU_CACHE)"
 
+node-tools: kube-tools ## Also build kubelet, kube-scheduler, kube-controller-manager, kube-proxy and coredns (a no-op when current).
+	hack/kube-tools.sh -node "$(FIBERD_KUBE_CACHE)"
+
 test-integration: kube-tools ## The Kubernetes home and harness on a real kube-apiserver + etcd; never skips.
 	FIBERD_KUBE_REQUIRED=1 $(GO) test -race -count=1 $(TAGGED) ./pkg/home/kubernetes/... ./test/kubeapi/...
 
@@ -57,7 +67,21 @@ conformance: kube-tools ## The agent's promises against every home (the Kubernet
 e2e: kube-tools ## A grant Pod end to end: real API server, grant-issuer, fiberd -home kubernetes.
 	FIBERD_KUBE_REQUIRED=1 $(GO) test -count=1 -timeout 20m $(E2E_TAGS) ./test/e2e/...
 
-ci: vet build criu test fuzz test-integration conformance e2e ## What .ci/run runs: everything, nothing skipped.
+e2e-node: node-tools ## Grant Pods on a real node (kubelet, containerd, runc, CNI; hack/node-up.sh), as root.
+	FIBERD_KUBE_REQUIRED=1 $(GO) test -count=1 -timeout 15m -v $(NODE_TAGS) ./test/node/...
+
+ci: ## What .ci/run runs: every stage of CI_STAGES, nothing skipped; prints each stage's time.
+	@set -e; total=$$SECONDS; \
+	for stage in $(CI_STAGES); do \
+		t=$$SECONDS; \
+		echo "==== make ci: stage $$stage"; \
+		if ! $(MAKE) --no-print-directory $$stage; then \
+			echo "==== make ci: stage $$stage FAILED after $$((SECONDS - t)) s"; exit 1; \
+		fi; \
+		times="$$times$$(printf '%-18s %5d s' $$stage $$((SECONDS - t)))\n"; \
+		echo "==== make ci: stage $$stage passed in $$((SECONDS - t)) s"; \
+	done; \
+	printf '==== make ci: every stage passed in %d s\n%b' $$((SECONDS - total)) "$$times"
 
 .PHONY: demo
 demo: ## Start fiberd -dev, clone warm and cold fibers, print their times, stop it.

@@ -13,11 +13,17 @@
 //
 //   - clone to first HTTP byte: Clone, dial the fiber's endpoint, send GET,
 //     read one byte; for warm C, warm Python (zygote templates, tier WARM)
-//     and exec C (cold start, tier BASIC); and, on a real kube-apiserver,
-//     "a Pod per worker" as the cluster would start it without a kubelet:
-//     create the Pod, write its status (phase Running, podIP) as the kubelet
-//     would, and GET it until Running with an IP is seen. p50, p90, p99 and
-//     each one's ratio to warm C's;
+//     and exec C (cold start, tier BASIC); "a Pod per worker (API server
+//     only)" on a real kube-apiserver as the cluster would start it without a
+//     kubelet: create the Pod, write its status (phase Running, podIP) as the
+//     kubelet would, and GET it until Running with an IP is seen; and "a Pod
+//     per worker (real node)" on a node of test/kubenode (kubelet,
+//     containerd, runc, CNI bridge, kube-scheduler, on a control plane of its
+//     own, last): create a Pod of the C template (image
+//     fiberd.local/counter-pod:dev from hack/images.sh), time until its Pod
+//     IP answers the first HTTP byte. p50, p90, p99 and each one's ratio to
+//     warm C's. The real-node row needs root and `make node-tools`; without
+//     them, or with -skip-node, it says "not measured" and why;
 //   - a burst of 50 concurrent clones, and a closed loop at 1, 2, 4 and 16
 //     callers (clone, first byte, release) in clones per second;
 //   - density: the summed Pss of /proc/<pid>/smaps_rollup of N fibers and

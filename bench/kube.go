@@ -68,13 +68,14 @@ type kubeCluster struct {
 	cfg     *rest.Config
 	cs      kubernetes.Interface
 	version string
+	closed  bool
 }
 
-func (t *kubeTools) run(action, dir string) (string, error) {
+func (t *kubeTools) run(action, dir string, env ...string) (string, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, t.script, action, dir)
-	cmd.Env = append(os.Environ(), "FIBERD_KUBE_BIN="+t.bin,
+	cmd.Env = append(append(os.Environ(), env...), "FIBERD_KUBE_BIN="+t.bin,
 		// The control plane goes away with this process, also when it is killed.
 		"FIBERD_KUBE_WATCH_PID="+strconv.Itoa(os.Getpid()), "FIBERD_KUBE_WATCH_ACTION=clean")
 	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
@@ -89,13 +90,21 @@ func (t *kubeTools) run(action, dir string) (string, error) {
 
 // start starts a control plane in a fresh short directory (etcd's socket
 // path must stay short).
-func (t *kubeTools) start(ctx context.Context) (*kubeCluster, error) {
+func (t *kubeTools) start(ctx context.Context) (*kubeCluster, error) { return t.startWith(ctx) }
+
+// startFor starts a control plane that nodes join, the first of them at
+// nodeAddress (kube-up.sh's FIBERD_KUBE_NODE_ADDRESS).
+func (t *kubeTools) startFor(ctx context.Context, nodeAddress string) (*kubeCluster, error) {
+	return t.startWith(ctx, "FIBERD_KUBE_NODE_ADDRESS="+nodeAddress)
+}
+
+func (t *kubeTools) startWith(ctx context.Context, env ...string) (*kubeCluster, error) {
 	dir, err := os.MkdirTemp("", "kb-")
 	if err != nil {
 		return nil, err
 	}
 	kc := &kubeCluster{tools: t, dir: dir}
-	if _, err := t.run("start", dir); err != nil {
+	if _, err := t.run("start", dir, env...); err != nil {
 		os.RemoveAll(dir)
 		return nil, err
 	}
@@ -132,7 +141,12 @@ func (t *kubeTools) start(ctx context.Context) (*kubeCluster, error) {
 	return kc, nil
 }
 
+// close stops and removes the control plane; closing it again does nothing.
 func (kc *kubeCluster) close() {
+	if kc.closed {
+		return
+	}
+	kc.closed = true
 	if _, err := kc.tools.run("clean", kc.dir); err != nil {
 		fmt.Fprintf(os.Stderr, "bench: %v\n", err)
 	}

@@ -23,10 +23,11 @@ import (
 
 // Modes of the latency table.
 const (
-	modeWarmC  = "fiberd warm C"
-	modeWarmPy = "fiberd warm Python"
-	modeExecC  = "fiberd exec C (cold)"
-	modePod    = "Pod per worker"
+	modeWarmC   = "fiberd warm C"
+	modeWarmPy  = "fiberd warm Python"
+	modeExecC   = "fiberd exec C (cold)"
+	modePod     = "Pod per worker (API server only)"
+	modePodNode = "Pod per worker (real node)"
 )
 
 // options are the flags.
@@ -46,6 +47,8 @@ type options struct {
 	doc           string
 	plotDir       string
 	skipKube      bool
+	skipNode      bool
+	nodeN         int
 	quick         bool
 	verbose       bool
 	noPlot        bool
@@ -78,6 +81,8 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.StringVar(&o.doc, "doc", "", "a Markdown file whose section between <!-- bench:begin --> and <!-- bench:end --> is replaced with the table")
 	fs.StringVar(&o.plotDir, "plot-link", "", "the path the plots are linked under in the table (default: -out relative to -doc's directory, else -out)")
 	fs.BoolVar(&o.skipKube, "skip-kube", false, "measure without kube-apiserver and etcd; their rows say \"not measured\"")
+	fs.BoolVar(&o.skipNode, "skip-node", false, "measure without a real node; the real-node Pod-per-worker row says \"not measured\"")
+	fs.IntVar(&o.nodeN, "n-node", 30, "samples of the real-node Pod per worker (each starts a Pod, about a second)")
 	fs.BoolVar(&o.quick, "quick", false, "a fast smoke run: few samples, short loops, small bursts")
 	fs.BoolVar(&o.verbose, "v", false, "log fiberd's and the home's lines to stderr (default: a file in $TMPDIR, named at the start)")
 	fs.BoolVar(&o.noPlot, "no-plot", false, "write no PNG plots")
@@ -89,13 +94,13 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	}
 	if o.quick {
 		o.n, o.coldN, o.burst, o.rounds, o.loop = 30, 5, 10, 1, time.Second
-		o.densityN, o.kubeRounds, o.metricClones = 8, 1, 20
+		o.densityN, o.kubeRounds, o.metricClones, o.nodeN = 8, 1, 20, 5
 	}
 	if o.coldN <= 0 {
 		o.coldN = min(o.n, 60)
 	}
-	if o.n < 1 || o.burst < 1 || o.rounds < 1 || o.densityN < 1 || o.kubeRounds < 1 || o.metricClones < 1 || o.loop <= 0 || o.kubePoll <= 0 {
-		return o, errors.New("-n, -burst, -burst-rounds, -density-n, -kube-rounds, -metric-clones, -loop and -kube-poll must be positive")
+	if o.n < 1 || o.nodeN < 1 || o.burst < 1 || o.rounds < 1 || o.densityN < 1 || o.kubeRounds < 1 || o.metricClones < 1 || o.loop <= 0 || o.kubePoll <= 0 {
+		return o, errors.New("-n, -n-node, -burst, -burst-rounds, -density-n, -kube-rounds, -metric-clones, -loop and -kube-poll must be positive")
 	}
 	if o.endpoint != "unix" && o.endpoint != "inet4" {
 		return o, fmt.Errorf("-endpoint %q: want unix or inet4", o.endpoint)
@@ -217,6 +222,7 @@ func measure(ctx context.Context, o options, p *progress, log logr.Logger, kube 
 	}
 
 	podRow := LatencyRow{Mode: modePod, What: "create Pod, write status (Running, podIP), GET until seen", Note: "kube-apiserver not run"}
+	latency[modePodNode] = LatencyRow{Mode: modePodNode, What: "create Pod, wait until its Pod IP answers the first HTTP byte", Note: "kube-apiserver not run"}
 	var kc *kubeCluster
 	if kube != nil {
 		p.Phasef("starting kube-apiserver and etcd (hack/kube-up.sh)")
@@ -298,6 +304,21 @@ func measure(ctx context.Context, o options, p *progress, log logr.Logger, kube 
 		if err := kc.kubeHome(ctx, work, tpl, o, p, log, res); err != nil {
 			return fmt.Errorf("kubernetes home: %w", err)
 		}
+		kc.close()
+	}
+
+	// The real-node row runs last, on a control plane of its own (see podPerWorkerNode).
+	if kube != nil {
+		if o.skipNode {
+			latency[modePodNode] = LatencyRow{Mode: modePodNode, What: latency[modePodNode].What, Note: "run with -skip-node"}
+		} else {
+			latency[modePodNode] = podPerWorkerNode(ctx, work, kube, o, p)
+		}
+		if r := latency[modePodNode]; !r.Measured {
+			banner(p.w, "The real-node Pod-per-worker row is NOT MEASURED: "+r.Note)
+			res.Warnings = append(res.Warnings, "the real-node Pod-per-worker row was not measured: "+r.Note)
+		}
+		res.Latency = latencyRows(latency)
 	}
 	return nil
 }
@@ -306,7 +327,7 @@ func measure(ctx context.Context, o options, p *progress, log logr.Logger, kube 
 func latencyRows(m map[string]LatencyRow) []LatencyRow {
 	base := m[modeWarmC]
 	var out []LatencyRow
-	for _, mode := range []string{modeWarmC, modeWarmPy, modeExecC, modePod} {
+	for _, mode := range []string{modeWarmC, modeWarmPy, modeExecC, modePod, modePodNode} {
 		r := m[mode]
 		r.Mode = mode
 		if r.Measured && base.Measured {

@@ -19,6 +19,8 @@
 #     certificates (the admin one is O=system:masters); --authorization-mode=RBAC; service-account
 #     signing keys, so the TokenRequest and TokenReview APIs work; resource.k8s.io/v1 served; the
 #     ServiceAccount admission plugin off (nothing would create "default" ServiceAccounts here).
+#     With FIBERD_KUBE_NODE_ADDRESS it is set up for nodes instead (see there), and
+#     hack/node-up.sh adds the kubelet, the scheduler and the controllers.
 #   - a watchdog that stops both once the process that ran "start" is gone (see FIBERD_KUBE_WATCH_PID).
 #
 # Environment (optional):
@@ -29,6 +31,15 @@
 #                                resource.k8s.io/v1=false,resource.k8s.io/v1beta2=true
 #   FIBERD_KUBE_APISERVER_ARGS   more kube-apiserver flags, split on white space
 #   FIBERD_KUBE_SA_ISSUER        --service-account-issuer (default https://kubernetes.default.svc)
+#   FIBERD_KUBE_NODE_ADDRESS     serve real nodes (hack/node-up.sh): this IPv4 address is the first
+#                                node's (node-up's bridge address, e.g. 10.244.0.1), which the API
+#                                server advertises as the endpoint of the "kubernetes" Service, so
+#                                Pods reach it through kube-proxy. The API server then listens on
+#                                every address (anonymous requests refused), authorizes with Node
+#                                and RBAC, admits with NodeRestriction and ServiceAccount (Pods get
+#                                their account's token mounted), reconciles the "kubernetes"
+#                                endpoints, and reaches kubelets (logs, exec) with the admin
+#                                certificate at their InternalIP. Default empty: loopback only.
 #   FIBERD_KUBE_WATCH_PID        the process whose end stops the control plane (default: the parent of
 #                                this script, the one that ran "start"); 0 means no watchdog, so the
 #                                control plane runs until "stop"
@@ -246,12 +257,22 @@ start_etcd() {
 }
 
 start_apiserver() {
-	local extra=()
+	local extra=() mode=()
 	# shellcheck disable=SC2206 # word splitting is the documented contract
 	[[ -n ${FIBERD_KUBE_APISERVER_ARGS:-} ]] && extra=(${FIBERD_KUBE_APISERVER_ARGS})
+	local node=${FIBERD_KUBE_NODE_ADDRESS:-}
+	if [[ -n $node ]]; then
+		[[ $node =~ ^[0-9]+\.[0-9]+\.[0-9]+\.[0-9]+$ ]] || fail "FIBERD_KUBE_NODE_ADDRESS=$node: want an IPv4 address"
+		mode=(--bind-address=0.0.0.0 --advertise-address="$node" --endpoint-reconciler-type=lease
+			--anonymous-auth=false --authorization-mode=Node,RBAC --enable-admission-plugins=NodeRestriction
+			--kubelet-client-certificate="$DIR/pki/admin.crt" --kubelet-client-key="$DIR/pki/admin.key"
+			--kubelet-preferred-address-types=InternalIP)
+	else
+		mode=(--bind-address=127.0.0.1 --advertise-address=127.0.0.1 --endpoint-reconciler-type=none
+			--authorization-mode=RBAC --disable-admission-plugins=ServiceAccount)
+	fi
 	spawn apiserver "$BIN/kube-apiserver" \
-		--bind-address=127.0.0.1 --advertise-address=127.0.0.1 --secure-port="$PORT" \
-		--endpoint-reconciler-type=none --service-cluster-ip-range=10.0.0.0/24 \
+		"${mode[@]}" --secure-port="$PORT" --service-cluster-ip-range=10.0.0.0/24 \
 		--etcd-servers="unix://$ETCD_SOCK" \
 		--cert-dir="$DIR/pki/generated" \
 		--tls-cert-file="$DIR/pki/apiserver.crt" --tls-private-key-file="$DIR/pki/apiserver.key" \
@@ -259,9 +280,7 @@ start_apiserver() {
 		--service-account-issuer="${FIBERD_KUBE_SA_ISSUER:-https://kubernetes.default.svc}" \
 		--service-account-key-file="$DIR/pki/sa.pub" \
 		--service-account-signing-key-file="$DIR/pki/sa.key" \
-		--authorization-mode=RBAC \
 		--runtime-config="${FIBERD_KUBE_RUNTIME_CONFIG:-resource.k8s.io/v1=true}" \
-		--disable-admission-plugins=ServiceAccount \
 		--allow-privileged=true --profiling=false \
 		"${extra[@]}"
 }

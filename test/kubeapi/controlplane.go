@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -37,6 +38,12 @@ type Options struct {
 	// APIServerArgs are more kube-apiserver flags, each "--name=value". Empty means none. A flag
 	// holding white space is refused by Start and Restart, since kube-up.sh splits them on it.
 	APIServerArgs []string
+	// NodeAddress, when set, makes a control plane real nodes join (hack/node-up.sh, test/kubenode):
+	// the address of the first node, which the API server advertises for the "kubernetes"
+	// Service; it then listens on every address, authorizes with Node and RBAC, and admits with
+	// NodeRestriction and ServiceAccount (kube-up.sh's FIBERD_KUBE_NODE_ADDRESS). Empty means a
+	// control plane on loopback alone, without ServiceAccount admission.
+	NodeAddress string
 }
 
 func (o Options) validate() error {
@@ -44,6 +51,9 @@ func (o Options) validate() error {
 		if a == "" || strings.ContainsAny(a, " \t\n") {
 			return fmt.Errorf("kubeapi: Options.APIServerArgs: %q is empty or holds white space; pass one \"--name=value\" per element", a)
 		}
+	}
+	if o.NodeAddress != "" && net.ParseIP(o.NodeAddress).To4() == nil {
+		return fmt.Errorf("kubeapi: Options.NodeAddress %q is not an IPv4 address; give the node's, e.g. 10.244.0.1", o.NodeAddress)
 	}
 	if strings.ContainsAny(o.RuntimeConfig, " \t\n") {
 		return fmt.Errorf("kubeapi: Options.RuntimeConfig %q holds white space; separate entries with commas", o.RuntimeConfig)
@@ -59,6 +69,7 @@ func (o Options) env() []string {
 	return []string{
 		"FIBERD_KUBE_RUNTIME_CONFIG=" + rc,
 		"FIBERD_KUBE_APISERVER_ARGS=" + strings.Join(o.APIServerArgs, " "),
+		"FIBERD_KUBE_NODE_ADDRESS=" + o.NodeAddress,
 	}
 }
 
@@ -95,6 +106,18 @@ func Start(t testing.TB, opts Options) *ControlPlane {
 		}
 	})
 	return cp
+}
+
+// New starts a control plane owned by the caller, who must Close it; for a TestMain or a
+// package-level fixture that outlives one test (tests use Start). Its watchdog removes it once
+// this process is gone. It fails when the binaries are missing (naming `make kube-tools`) or the
+// control plane does not become ready.
+func New(opts Options) (*ControlPlane, error) {
+	bin, script, err := findTools()
+	if err != nil {
+		return nil, fmt.Errorf("kubeapi: %w", err)
+	}
+	return launch(bin, script, opts)
 }
 
 // launch makes a directory and starts a control plane in it. The directory is short, under

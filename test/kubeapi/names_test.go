@@ -31,7 +31,7 @@ func TestNamespaceNameIsAFreshDNSLabel(t *testing.T) {
 	}
 }
 
-func TestOptionsRefuseWhiteSpace(t *testing.T) {
+func TestOptionsValidate(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		opts Options
@@ -42,6 +42,9 @@ func TestOptionsRefuseWhiteSpace(t *testing.T) {
 		{"flag with a space", Options{APIServerArgs: []string{"--v=2 --x"}}, false},
 		{"empty flag", Options{APIServerArgs: []string{""}}, false},
 		{"runtime config with a space", Options{RuntimeConfig: "a=true, b=false"}, false},
+		{"node address", Options{NodeAddress: "10.244.0.1"}, true},
+		{"node address not IPv4", Options{NodeAddress: "fd00::1"}, false},
+		{"node address not an address", Options{NodeAddress: "node-1"}, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if err := tc.opts.validate(); (err == nil) != tc.ok {

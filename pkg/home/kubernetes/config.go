@@ -92,7 +92,10 @@ type Config struct {
 	// CgroupRoot is the cgroup v2 subtree fiberd may carve. Empty means
 	// the cgroup this process runs in, under /sys/fs/cgroup, delegated:
 	// fiberd moves into its `fiberd` leaf and carves under its `grants`
-	// child.
+	// child. When this process has no cgroup v2 or its cgroup cannot be
+	// delegated (a cgroup v1 node, a read-only /sys/fs/cgroup), New logs
+	// why once and the home runs without per-fiber cgroups: CgroupRoot()
+	// is "".
 	CgroupRoot string
 	// Clock drives the polls and stamps the health. Default the real
 	// clock.

@@ -80,9 +80,10 @@ type Home struct {
 // first, New closes the home and returns ctx's cause. ctx is not the home's
 // lifetime. Run's context and Close end the home once New has returned it.
 //
-// New also readies the cgroup subtree (see Config.CgroupRoot) and fails,
-// naming the path and the fix, when this process's cgroup cannot be
-// delegated. It fails on an invalid Config, with Validate's error.
+// New also readies the cgroup subtree (see Config.CgroupRoot); when an
+// empty CgroupRoot finds no cgroup to delegate, it logs why once and the
+// home runs without per-fiber cgroups. It fails on an invalid Config, with
+// Validate's error.
 func New(ctx context.Context, cfg Config) (*Home, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -133,18 +134,24 @@ func New(ctx context.Context, cfg Config) (*Home, error) {
 }
 
 // resolveCgroupRoot is Config.CgroupRoot when set, and otherwise the
-// grants directory of this process's own cgroup, delegated.
+// grants directory of this process's own cgroup, delegated; "" (no
+// per-fiber cgroups, logged once) when there is none to delegate.
 func resolveCgroupRoot(root string, self func() (string, error), delegate func(string, logr.Logger) (string, error), log logr.Logger) (string, error) {
 	if root != "" {
 		return root, nil
 	}
+	without := func(err error) (string, error) {
+		log.Info("Running without per-fiber cgroups: this container has no delegated, writable cgroup v2; fibers share the container's cgroup. For per-fiber cgroups give it one (cgroup v2, its own cgroup namespace, /sys/fs/cgroup writable by fiberd's user) or set -cgroup-root",
+			"reason", err.Error())
+		return "", nil
+	}
 	own, err := self()
 	if err != nil {
-		return "", fmt.Errorf("kubernetes home: finding this process's cgroup: %w: run fiberd on cgroup v2 with /proc and /sys/fs/cgroup mounted, or set CgroupRoot", err)
+		return without(fmt.Errorf("finding this process's cgroup: %w", err))
 	}
 	grants, err := delegate(own, log)
 	if err != nil {
-		return "", fmt.Errorf("kubernetes home: delegating the cgroup %s: %w: give the container a delegated, writable cgroup (cgroup v2, its own cgroup namespace, /sys/fs/cgroup mounted read-write), or set CgroupRoot", own, err)
+		return without(fmt.Errorf("delegating the cgroup %s: %w", own, err))
 	}
 	log.Info("Delegated this process's cgroup", "cgroup", own, "grants", grants)
 	return grants, nil
@@ -195,7 +202,8 @@ func (h *Home) Health() *core.SourceHealth { return h.health }
 
 // CgroupRoot is the cgroup v2 directory fibers are carved under:
 // Config.CgroupRoot when set, otherwise the `grants` child of this
-// process's delegated cgroup, which New prepared.
+// process's delegated cgroup, which New prepared; "" when there was none
+// to delegate (no per-fiber cgroups).
 func (h *Home) CgroupRoot() string { return h.cgroupRoot }
 
 // Grants polls the projected directory. A new or changed *.jwt file is

@@ -9,13 +9,15 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"github.com/go-logr/logr/funcr"
 	corev1 "k8s.io/api/core/v1"
 )
 
 // CgroupRoot: "Empty means the cgroup this process runs in, under
 // /sys/fs/cgroup, delegated: fiberd moves into its `fiberd` leaf and carves
 // under its `grants` child." The delegation itself is pkg/cgroup's and
-// tested there; here, that New asks for it and how it fails.
+// tested there; here, that New asks for it, and that without a cgroup to
+// delegate the home runs without per-fiber cgroups, saying so once.
 func TestResolveCgroupRoot(t *testing.T) {
 	self := func() (string, error) { return "/sys/fs/cgroup/kubepods/pod1/c1", nil }
 	var delegated []string
@@ -37,15 +39,28 @@ func TestResolveCgroupRoot(t *testing.T) {
 		t.Fatalf("set CgroupRoot: %q, %v, delegated %q; want it as given, nothing delegated", got, err, delegated)
 	}
 
-	_, err = resolveCgroupRoot("", self, func(string, logr.Logger) (string, error) {
-		return "", errors.New("permission denied")
-	}, logr.Discard())
-	if err == nil || !strings.Contains(err.Error(), "/sys/fs/cgroup/kubepods/pod1/c1") || !strings.Contains(err.Error(), "delegated, writable cgroup") {
-		t.Fatalf("failed delegation: %v; want the path and the fix", err)
-	}
-	_, err = resolveCgroupRoot("", func() (string, error) { return "", errors.New("no cgroup2 mount") }, delegate, logr.Discard())
-	if err == nil || !strings.Contains(err.Error(), "CgroupRoot") {
-		t.Fatalf("no own cgroup: %v; want the fix", err)
+	// No cgroup to delegate: no per-fiber cgroups, and one log line saying
+	// why and what would give them.
+	for _, tc := range []struct {
+		name     string
+		self     func() (string, error)
+		delegate func(string, logr.Logger) (string, error)
+		reason   string
+	}{
+		{"delegation refused", self, func(string, logr.Logger) (string, error) {
+			return "", errors.New("read-only file system")
+		}, "/sys/fs/cgroup/kubepods/pod1/c1: read-only file system"},
+		{"no cgroup v2", func() (string, error) { return "", errors.New("no cgroup2 mount") }, delegate, "no cgroup2 mount"},
+	} {
+		var lines []string
+		log := funcr.New(func(prefix, args string) { lines = append(lines, args) }, funcr.Options{})
+		got, err := resolveCgroupRoot("", tc.self, tc.delegate, log)
+		if err != nil || got != "" {
+			t.Errorf("%s: %q, %v; want no cgroup root and no error", tc.name, got, err)
+		}
+		if len(lines) != 1 || !strings.Contains(lines[0], "without per-fiber cgroups") || !strings.Contains(lines[0], tc.reason) || !strings.Contains(lines[0], "-cgroup-root") {
+			t.Errorf("%s: logged %q; want one line saying so, the reason %q and the fix", tc.name, lines, tc.reason)
+		}
 	}
 }
 
