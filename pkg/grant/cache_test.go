@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/go-jose/go-jose/v4"
+	"github.com/go-logr/logr/funcr"
 	"github.com/go-logr/logr/testr"
 	clocktesting "k8s.io/utils/clock/testing"
 
@@ -394,5 +395,90 @@ func TestStaticKeys(t *testing.T) {
 	}
 	if _, err := NewStaticKeys([]byte(`{"keys":[]}`)); !errors.Is(err, core.ErrInvalid) {
 		t.Errorf("NewStaticKeys(empty set) = %v, want ErrInvalid", err)
+	}
+}
+
+// RefreshDue: due at once before any attempt, half of MaxStale after a
+// load, MinRefreshInterval after a failed attempt, and never sooner than
+// MinRefreshInterval after the last attempt.
+func TestCacheRefreshDue(t *testing.T) {
+	s := newTestIssuerServer(t)
+	s.setKeys(t, mustKey(t, "EdDSA", "k1"))
+	clk := clocktesting.NewFakePassiveClock(testNow)
+	c, err := NewCache(s.srv.URL, CacheOptions{
+		HTTPClient: s.srv.Client(), Clock: clk, Logger: testr.New(t),
+		MaxStale: time.Hour, MinRefreshInterval: time.Minute,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if due := c.RefreshDue(); !due.IsZero() {
+		t.Fatalf("RefreshDue before any attempt = %v, want the zero time (at once)", due)
+	}
+	if err := c.Refresh(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if due, want := c.RefreshDue(), testNow.Add(30*time.Minute); !due.Equal(want) {
+		t.Fatalf("RefreshDue after a load = %v, want half of MaxStale later, %v", due, want)
+	}
+	clk.SetTime(testNow.Add(30 * time.Minute))
+	s.setStatus(http.StatusServiceUnavailable)
+	if err := c.Refresh(ctx); err == nil {
+		t.Fatal("Refresh against a failing issuer succeeded")
+	}
+	if due, want := c.RefreshDue(), testNow.Add(31*time.Minute); !due.Equal(want) {
+		t.Fatalf("RefreshDue after a failure = %v, want MinRefreshInterval later, %v", due, want)
+	}
+	s.setStatus(0)
+	clk.SetTime(testNow.Add(31 * time.Minute))
+	if _, err := c.Key(ctx, "unknown-kid"); !errors.Is(err, core.ErrUnauthenticated) {
+		t.Fatalf("Key of an unknown kid = %v", err)
+	}
+	if due, want := c.RefreshDue(), testNow.Add(61*time.Minute); !due.Equal(want) {
+		t.Fatalf("RefreshDue after a load Key started = %v, want %v", due, want)
+	}
+
+	short, err := NewCache(s.srv.URL, CacheOptions{
+		HTTPClient: s.srv.Client(), Clock: clk, Logger: testr.New(t),
+		MaxStale: time.Minute, MinRefreshInterval: time.Minute,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := short.Refresh(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if due, want := short.RefreshDue(), clk.Now().Add(time.Minute); !due.Equal(want) {
+		t.Fatalf("RefreshDue with MaxStale/2 under the refresh limit = %v, want the limit, %v", due, want)
+	}
+}
+
+// Logger: "failures at V(1)": the owner logs an outage once; the cache
+// does not log each failed refresh at V(0).
+func TestCacheLogsFailuresAtV1(t *testing.T) {
+	s := newTestIssuerServer(t)
+	s.setKeys(t, mustKey(t, "EdDSA", "k1"))
+	s.setStatus(http.StatusServiceUnavailable)
+	var mu sync.Mutex
+	var lines []string
+	logger := funcr.New(func(prefix, args string) {
+		mu.Lock()
+		defer mu.Unlock()
+		lines = append(lines, args)
+	}, funcr.Options{Verbosity: 0})
+	c, err := NewCache(s.srv.URL, CacheOptions{HTTPClient: s.srv.Client(), Logger: logger})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		if err := c.Refresh(context.Background()); err == nil {
+			t.Fatal("Refresh against a failing issuer succeeded")
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(lines) != 0 {
+		t.Fatalf("failed refreshes logged at V(0): %q", lines)
 	}
 }
