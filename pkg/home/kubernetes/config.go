@@ -146,6 +146,9 @@ func (c Config) Validate() error {
 		return fmt.Errorf("kubernetes home: StaleTTL %v is negative: set a positive duration, or 0 for %v", c.StaleTTL, DefaultStaleTTL)
 	case c.Poll < 0:
 		return fmt.Errorf("kubernetes home: Poll %v is negative: set a positive duration, or 0 for half of StaleTTL", c.Poll)
+	case c.Poll == 0:
+		// Only a StaleTTL of 1ns leaves it so: half of it is 0.
+		return fmt.Errorf("kubernetes home: Poll is not positive: half of StaleTTL %v is 0: set a positive Poll, or a StaleTTL of at least 2ns", c.StaleTTL)
 	case c.Poll >= c.StaleTTL:
 		return fmt.Errorf("kubernetes home: Poll %v is not shorter than StaleTTL %v, so the home would go stale between polls: set Poll below StaleTTL, or 0 for half of it", c.Poll, c.StaleTTL)
 	case c.GrantsPoll < 0:
