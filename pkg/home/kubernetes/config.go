@@ -56,7 +56,10 @@ type Config struct {
 	// the Pod before the home is unhealthy. Default DefaultStaleTTL.
 	StaleTTL time.Duration
 	// Poll is how often the API server is asked. It is also how long one
-	// round may take. Default half of StaleTTL.
+	// round may take. Default half of StaleTTL. It bounds every other
+	// request to the API server too: a readiness patch (and its wait for
+	// one in flight), and a read of the Pod in EndpointHost or Devices.
+	// Validate refuses it when it is not positive after defaults.
 	Poll time.Duration
 	// GrantsDir is the directory polled for *.jwt files, and the one the
 	// grant fetch writes. Empty means no delivery and no grant to admit.
@@ -78,7 +81,8 @@ type Config struct {
 	// must chain to. Empty means the system roots.
 	GrantCAFile string
 	// GrantFetchTimeout is how long New retries the first grant fetch.
-	// Default DefaultGrantFetchTimeout.
+	// Default DefaultGrantFetchTimeout. It is measured on Clock, and it ends
+	// an attempt in flight as well as the wait before the next.
 	GrantFetchTimeout time.Duration
 	// Cache is the verifier's key cache, refreshed in the background while
 	// the home runs. Nil means no issuer keys to refresh.

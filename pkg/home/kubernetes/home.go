@@ -280,8 +280,13 @@ func (h *Home) OnScopeLost(fn func(ctx context.Context, reason string)) {
 // them have stopped. A second Run logs and returns at once, as a shared
 // informer does.
 //
-// The first poll round runs at once, then one every Poll. The end of ctx
-// also cuts short a wait in EndpointHost.
+// The first poll round runs at once, then one every Poll; a round waits
+// for nothing longer than Poll. The key cache is refreshed on a loop of its
+// own, when grant.Cache.RefreshDue says the keys are due: at once when they
+// never loaded, then at half the cache's MaxStale after each load, and once
+// per its MinRefreshInterval while refreshes fail; an outage is logged when
+// it starts and when it ends. The end of ctx also cuts short a wait in
+// EndpointHost.
 func (h *Home) Run(ctx context.Context) {
 	h.mu.Lock()
 	if h.running {

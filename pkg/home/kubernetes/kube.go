@@ -25,7 +25,8 @@ var ErrNoResourceClaims = errors.New("the cluster serves no resource.k8s.io API"
 // it from a cluster, and fake.Kube from memory.
 //
 // A Pod, Namespace or ResourceClaim that does not exist is an error for
-// which apierrors.IsNotFound (k8s.io/apimachinery/pkg/api/errors) is true.
+// which apierrors.IsNotFound (k8s.io/apimachinery/pkg/api/errors) is true,
+// and only that: the home ends the Pod's scope on a claim's NotFound.
 type Kube interface {
 	// GetPod reads one Pod.
 	GetPod(ctx context.Context, namespace, name string) (*corev1.Pod, error)
@@ -56,6 +57,14 @@ var resourceVersions = []string{"v1", "v1beta2", "v1beta1"}
 // and v1beta1 the cluster serves. ctx bounds the discovery request. NewKube
 // fails when cfg is unusable or discovery fails for another reason than
 // the group being absent.
+//
+// The version is discovered again when a claim read gets a 404 that does
+// not name the claim, which is what a version or group no longer served
+// answers, and when none was served: GetResourceClaim then reads at the
+// version served now, returns ErrNoResourceClaims when there is none, and
+// an error that is no NotFound when the version is still served (something
+// in front of the API server answered). Only the API server's own NotFound
+// for the claim is NotFound.
 func NewKube(ctx context.Context, cfg *rest.Config) (Kube, error) {
 	if cfg == nil {
 		return nil, errors.New("kubernetes: NewKube: rest config is nil: build one with rest.InClusterConfig or clientcmd")
@@ -144,9 +153,9 @@ func (k *kube) GetResourceClaim(ctx context.Context, namespace, name string) (*m
 	now, err := k.rediscover(ctx)
 	switch {
 	case err != nil:
-		return nil, fmt.Errorf("resource claim %s/%s: asking which %s version is served: %w", namespace, name, resourceGroup, err)
+		return nil, fmt.Errorf("a 404 that does not name the claim, and asking which %s version is served failed: %w", resourceGroup, err)
 	case now == "":
-		return nil, fmt.Errorf("resource claim %s/%s: %w", namespace, name, ErrNoResourceClaims)
+		return nil, ErrNoResourceClaims
 	case now != version:
 		c, err := k.getClaim(ctx, now, namespace, name)
 		if !apierrors.IsNotFound(err) || claimNotFound(err, name) {
@@ -154,8 +163,8 @@ func (k *kube) GetResourceClaim(ctx context.Context, namespace, name string) (*m
 		}
 	}
 	// Not a NotFound: the claim may well exist.
-	return nil, fmt.Errorf("resource claim %s/%s: GET %s/%s answered 404 without naming the claim, while the API server serves that version: something in front of the API server (a proxy?) does not know the path",
-		namespace, name, resourceGroup, now)
+	return nil, fmt.Errorf("GET %s/%s answered 404 without naming the claim, while the API server serves that version: something in front of the API server (a proxy?) does not know the path",
+		resourceGroup, now)
 }
 
 func (k *kube) getClaim(ctx context.Context, version, namespace, name string) (*metav1.PartialObjectMetadata, error) {
