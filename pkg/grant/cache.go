@@ -131,7 +131,7 @@ type Cache struct {
 	keys      map[string]jose.JSONWebKey
 	loadedAt  time.Time // last successful load; zero when never loaded
 	lastErr   error     // last refresh failure, nil after a success
-	attempted time.Time // lastAttempt, for RefreshDue, which must not wait for a refresh in flight
+	attempted time.Time // lastAttempt, for RefreshIn, which must not wait for a refresh in flight
 }
 
 // NewCache returns an empty cache of issuerURL's keys. issuerURL must be an
@@ -164,28 +164,28 @@ func (c *Cache) LastRefresh() time.Time {
 	return c.loadedAt
 }
 
-// RefreshDue is when the owner's background refresh is next due, by the
-// keys' own lifetime: half of MaxStale after the last successful load, so
-// a refresh that fails leaves the other half for retries, as a grant is
-// renewed at half its lease. While the set never loaded or the last
-// refresh failed, it is MinRefreshInterval after the last attempt; it is
-// never earlier than that, and it is the zero time before any attempt (due
-// at once). A refresh Key starts counts like any other.
-func (c *Cache) RefreshDue() time.Time {
+// RefreshIn is how long, by the cache's clock, until the owner's
+// background refresh is due, by the keys' own lifetime: half of MaxStale
+// after the last successful load, so a refresh that fails leaves the other
+// half for retries, as a grant is renewed at half its lease. While the set
+// never loaded or the last refresh failed, it is due MinRefreshInterval
+// after the last attempt; it is never due sooner than that. It is 0 (due
+// now) before any attempt, and never negative. A refresh Key starts counts
+// like any other. The Kubernetes home's Run sleeps this long between
+// refreshes.
+func (c *Cache) RefreshIn() time.Duration {
 	c.mu.RLock()
 	defer c.mu.RUnlock()
 	if c.attempted.IsZero() {
-		return time.Time{}
+		return 0
 	}
-	retry := c.attempted.Add(c.opts.MinRefreshInterval)
-	if c.loadedAt.IsZero() || c.lastErr != nil {
-		return retry
+	due := c.attempted.Add(c.opts.MinRefreshInterval)
+	if !c.loadedAt.IsZero() && c.lastErr == nil {
+		if half := c.loadedAt.Add(c.opts.MaxStale / 2); half.After(due) {
+			due = half
+		}
 	}
-	due := c.loadedAt.Add(c.opts.MaxStale / 2)
-	if due.Before(retry) {
-		return retry
-	}
-	return due
+	return max(due.Sub(c.opts.Clock.Now()), 0)
 }
 
 // Refresh loads the key set now, whatever the time since the last refresh,

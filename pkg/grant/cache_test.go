@@ -398,10 +398,10 @@ func TestStaticKeys(t *testing.T) {
 	}
 }
 
-// RefreshDue: due at once before any attempt, half of MaxStale after a
+// RefreshIn: due at once before any attempt, half of MaxStale after a
 // load, MinRefreshInterval after a failed attempt, and never sooner than
-// MinRefreshInterval after the last attempt.
-func TestCacheRefreshDue(t *testing.T) {
+// MinRefreshInterval after the last attempt; by the cache's clock.
+func TestCacheRefreshIn(t *testing.T) {
 	s := newTestIssuerServer(t)
 	s.setKeys(t, mustKey(t, "EdDSA", "k1"))
 	clk := clocktesting.NewFakePassiveClock(testNow)
@@ -413,30 +413,37 @@ func TestCacheRefreshDue(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	if due := c.RefreshDue(); !due.IsZero() {
-		t.Fatalf("RefreshDue before any attempt = %v, want the zero time (at once)", due)
+	if in := c.RefreshIn(); in != 0 {
+		t.Fatalf("RefreshIn before any attempt = %v, want 0 (at once)", in)
 	}
 	if err := c.Refresh(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if due, want := c.RefreshDue(), testNow.Add(30*time.Minute); !due.Equal(want) {
-		t.Fatalf("RefreshDue after a load = %v, want half of MaxStale later, %v", due, want)
+	if in := c.RefreshIn(); in != 30*time.Minute {
+		t.Fatalf("RefreshIn after a load = %v, want half of MaxStale, 30m", in)
+	}
+	clk.SetTime(testNow.Add(10 * time.Minute))
+	if in := c.RefreshIn(); in != 20*time.Minute {
+		t.Fatalf("RefreshIn 10m after a load = %v, want 20m", in)
 	}
 	clk.SetTime(testNow.Add(30 * time.Minute))
 	s.setStatus(http.StatusServiceUnavailable)
 	if err := c.Refresh(ctx); err == nil {
 		t.Fatal("Refresh against a failing issuer succeeded")
 	}
-	if due, want := c.RefreshDue(), testNow.Add(31*time.Minute); !due.Equal(want) {
-		t.Fatalf("RefreshDue after a failure = %v, want MinRefreshInterval later, %v", due, want)
+	if in := c.RefreshIn(); in != time.Minute {
+		t.Fatalf("RefreshIn after a failure = %v, want MinRefreshInterval, 1m", in)
+	}
+	clk.SetTime(testNow.Add(45 * time.Minute))
+	if in := c.RefreshIn(); in != 0 {
+		t.Fatalf("RefreshIn long past due = %v, want 0", in)
 	}
 	s.setStatus(0)
-	clk.SetTime(testNow.Add(31 * time.Minute))
 	if _, err := c.Key(ctx, "unknown-kid"); !errors.Is(err, core.ErrUnauthenticated) {
 		t.Fatalf("Key of an unknown kid = %v", err)
 	}
-	if due, want := c.RefreshDue(), testNow.Add(61*time.Minute); !due.Equal(want) {
-		t.Fatalf("RefreshDue after a load Key started = %v, want %v", due, want)
+	if in := c.RefreshIn(); in != 30*time.Minute {
+		t.Fatalf("RefreshIn after a load Key started = %v, want 30m", in)
 	}
 
 	short, err := NewCache(s.srv.URL, CacheOptions{
@@ -449,8 +456,8 @@ func TestCacheRefreshDue(t *testing.T) {
 	if err := short.Refresh(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if due, want := short.RefreshDue(), clk.Now().Add(time.Minute); !due.Equal(want) {
-		t.Fatalf("RefreshDue with MaxStale/2 under the refresh limit = %v, want the limit, %v", due, want)
+	if in := short.RefreshIn(); in != time.Minute {
+		t.Fatalf("RefreshIn with MaxStale/2 under the refresh limit = %v, want the limit, 1m", in)
 	}
 }
 

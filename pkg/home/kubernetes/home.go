@@ -282,7 +282,7 @@ func (h *Home) OnScopeLost(fn func(ctx context.Context, reason string)) {
 //
 // The first poll round runs at once, then one every Poll; a round waits
 // for nothing longer than Poll. The key cache is refreshed on a loop of its
-// own, when grant.Cache.RefreshDue says the keys are due: at once when they
+// own, when grant.Cache.RefreshIn says the keys are due: at once when they
 // never loaded, then at half the cache's MaxStale after each load, and once
 // per its MinRefreshInterval while refreshes fail; an outage is logged when
 // it starts and when it ends. The end of ctx also cuts short a wait in

@@ -137,14 +137,14 @@ func (h *Home) checkClaims(ctx context.Context, now time.Time, names []string) {
 }
 
 // keyLoop refreshes the key cache when it is due, by the keys' own
-// lifetime (grant.Cache.RefreshDue): at once when the keys never loaded,
+// lifetime (grant.Cache.RefreshIn): at once when the keys never loaded,
 // then at half of the cache's MaxStale after each load, and once per its
 // MinRefreshInterval while refreshes fail. An outage is logged when it
 // starts and when it ends. While the override pauses the polls it refreshes
 // nothing, and looks again every Poll.
 func (h *Home) keyLoop(ctx context.Context) {
 	for {
-		wait := h.cfg.Cache.RefreshDue().Sub(h.clk.Now())
+		wait := h.cfg.Cache.RefreshIn()
 		if h.isPaused() {
 			wait = h.cfg.Poll
 		}
@@ -152,7 +152,7 @@ func (h *Home) keyLoop(ctx context.Context) {
 			if !h.sleepUntil(ctx, h.clk.Now().Add(wait)) {
 				return
 			}
-			continue // due again: a Key lookup may have refreshed meanwhile
+			continue // look again: a Key lookup may have refreshed meanwhile
 		}
 		err := h.cfg.Cache.Refresh(ctx)
 		if ctx.Err() != nil {

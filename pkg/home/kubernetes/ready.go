@@ -76,6 +76,21 @@ func (h *Home) Ready() bool {
 // it does nothing: that patch carries the state, and if it fails a later
 // round repairs it.
 func (h *Home) repairCondition(ctx context.Context, pod *corev1.Pod) {
+	shown := corev1.ConditionFalse
+	for _, c := range pod.Status.Conditions {
+		if c.Type == PodConditionZygoteReady {
+			shown = c.Status
+		}
+	}
+	agrees := func(ready bool) bool {
+		if ready {
+			return shown == corev1.ConditionTrue
+		}
+		return shown == corev1.ConditionFalse
+	}
+	if agrees(h.Ready()) {
+		return
+	}
 	select {
 	case h.patching <- struct{}{}:
 		defer func() { <-h.patching }()
@@ -83,21 +98,11 @@ func (h *Home) repairCondition(ctx context.Context, pod *corev1.Pod) {
 		h.log.V(1).Info("A readiness patch is in flight; the condition is checked again next poll", "condition", PodConditionZygoteReady)
 		return
 	}
-	// PublishReady records while it holds patching, except when its wait
-	// for it timed out; a change recorded so meanwhile is repaired by the
-	// next round.
+	// Asked again while holding patching, under which PublishReady records
+	// (unless its wait for patching timed out: a change recorded so is
+	// repaired by the next round).
 	ready := h.Ready()
-	shown := corev1.ConditionFalse
-	for _, c := range pod.Status.Conditions {
-		if c.Type == PodConditionZygoteReady {
-			shown = c.Status
-		}
-	}
-	want := corev1.ConditionFalse
-	if ready {
-		want = corev1.ConditionTrue
-	}
-	if shown == want {
+	if agrees(ready) {
 		return
 	}
 	msg := "no grant has a warm template"
