@@ -63,7 +63,8 @@ type Home struct {
 	lost      map[string]bool // reasons already queued
 	pending   []string        // reasons not yet delivered
 	// claimsFailingSince is when the referenced claims were first
-	// unreadable in a row; zero while they read.
+	// unreadable in a row of rounds that read the Pod; zero while they
+	// read, and after a round that could not read the Pod.
 	claimsFailingSince time.Time
 	failing            map[string]bool // what is failing, to log changes only
 	keysFailing        bool            // the last key refresh failed

@@ -608,9 +608,11 @@ func TestIntegrationLiveness(t *testing.T) {
 		if last.Before(lastBefore) {
 			t.Errorf("%s: LastSync went back from %v to %v", p.name, lastBefore, last)
 		}
-		if got, ok := h.logs.find("error", "connection refused"); !ok {
+		// The first failure is logged at V(0); on a slow machine it may be a
+		// round's timeout, and the refused connection a V(1) line after it.
+		if h.logs.count("", "connection refused") == 0 {
 			t.Errorf("%s: no log line tells the API server is unreachable; lines: %q", p.name, h.logs.all())
-		} else {
+		} else if got, ok := h.logs.find("error", "what=pod"); ok {
 			t.Logf("%s: operator sees: %s", p.name, got)
 		}
 	}

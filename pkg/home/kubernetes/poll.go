@@ -94,9 +94,14 @@ func (h *Home) round(ctx context.Context) {
 
 	if live == nil {
 		// An API server that does not answer for the Pod is liveness, not
-		// scope: the claims are neither read nor counted as unserved
-		// (design decision 16). Their count stands until a round reads the
-		// Pod again.
+		// scope: the claims are not read, and the count of how long they
+		// went unserved starts over (design decision 16). Claim reads that
+		// failed at the edges of an outage (a round cut in the middle, an
+		// API server that serves Pods before resource.k8s.io as it starts)
+		// do not add up across it.
+		h.mu.Lock()
+		h.claimsFailingSince = time.Time{}
+		h.mu.Unlock()
 		return
 	}
 	h.checkClaims(ctx, now, podClaims(live))
@@ -104,8 +109,8 @@ func (h *Home) round(ctx context.Context) {
 }
 
 // checkClaims reads each claim the live Pod uses. A claim gone or being
-// deleted loses the scope; claims unreadable in every round that read the
-// Pod for StaleTTL lose it too.
+// deleted loses the scope; claims unreadable for StaleTTL in a row of
+// rounds that each read the Pod lose it too.
 func (h *Home) checkClaims(ctx context.Context, now time.Time, names []string) {
 	var failed error
 	for _, name := range names {
