@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/netip"
 	"net/url"
 	"path/filepath"
 	"strings"
@@ -65,6 +66,8 @@ type options struct {
 	kubeconfig            string
 	podName, podNamespace string
 	podUID                string
+	podIPs                string // -pod-ips as given
+	podIP                 string // the -endpoint-family address of podIPs; "" for none
 	grantTokenFile        string
 	grantIssuerURL        string
 	grantCAFile           string
@@ -131,6 +134,7 @@ func parseFlags(args []string, env environ, usage io.Writer) (options, error) {
 	fs.StringVar(&o.podName, "pod-name", env.vars["POD_NAME"], "this Pod's name (kubernetes; default $POD_NAME)")
 	fs.StringVar(&o.podNamespace, "pod-namespace", env.vars["POD_NAMESPACE"], "this Pod's namespace (kubernetes; default $POD_NAMESPACE)")
 	fs.StringVar(&o.podUID, "pod-uid", env.vars["POD_UID"], "this Pod's UID (kubernetes; default $POD_UID)")
+	fs.StringVar(&o.podIPs, "pod-ips", env.vars["POD_IPS"], "this Pod's IPs, comma-separated, as the downward API's status.podIPs gives them: the -endpoint-family one is advertised without reading the Pod (kubernetes; default $POD_IPS)")
 	fs.StringVar(&o.grantTokenFile, "grant-token-file", "", "bound service-account token sent to fetch the Pod's grant (kubernetes; empty: no fetch)")
 	fs.StringVar(&o.grantIssuerURL, "grant-issuer-url", "", "https URL of the controller the grant is fetched from (kubernetes)")
 	fs.StringVar(&o.grantCAFile, "grant-ca-file", "", "PEM CA bundle of the grant endpoint (kubernetes; empty: system roots)")
@@ -225,7 +229,7 @@ func (o *options) check(set map[string]bool, env environ) error {
 	if kube {
 		return o.checkKube()
 	}
-	for _, name := range []string{"kubeconfig", "pod-name", "pod-namespace", "pod-uid", "grant-token-file", "grant-issuer-url", "grant-ca-file"} {
+	for _, name := range []string{"kubeconfig", "pod-name", "pod-namespace", "pod-uid", "pod-ips", "grant-token-file", "grant-issuer-url", "grant-ca-file"} {
 		if set[name] {
 			return bad(name, "applies to -home kubernetes only")
 		}
@@ -310,6 +314,31 @@ func (o *options) checkListen() error {
 	return nil
 }
 
+// pickPodIP checks -pod-ips and picks its first address of
+// -endpoint-family into podIP; none of the family (or the unix family)
+// leaves podIP empty, and the home reads the Pod for its address.
+func (o *options) pickPodIP() error {
+	if strings.TrimSpace(o.podIPs) == "" {
+		return nil
+	}
+	for s := range strings.SplitSeq(o.podIPs, ",") {
+		a, err := netip.ParseAddr(strings.TrimSpace(s))
+		if err != nil || a.Zone() != "" {
+			return bad("pod-ips", "%q is not a list of IP addresses: set $POD_IPS from the downward API field status.podIPs", o.podIPs)
+		}
+		if o.podIP != "" {
+			continue
+		}
+		switch {
+		case o.endpointFamily == endpoint.Inet4 && a.Unmap().Is4():
+			o.podIP = a.Unmap().String()
+		case o.endpointFamily == endpoint.Inet6 && a.Is6() && !a.Is4In6():
+			o.podIP = a.String()
+		}
+	}
+	return nil
+}
+
 // checkKube checks the Kubernetes home's flags.
 func (o *options) checkKube() error {
 	if o.podName == "" {
@@ -323,6 +352,9 @@ func (o *options) checkKube() error {
 	}
 	if o.nodeID == "" {
 		o.nodeID = o.podName
+	}
+	if err := o.pickPodIP(); err != nil {
+		return err
 	}
 	if o.noCgroups {
 		return bad("cgroup-root", "\"none\" is for the standalone home: the Kubernetes home carves the Pod's own cgroup")

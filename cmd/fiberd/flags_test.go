@@ -82,6 +82,33 @@ func TestParseFlagsModes(t *testing.T) {
 			},
 		},
 		{
+			// The downward API's status.podIPs: the family's first
+			// address is advertised, without reading the Pod.
+			name: "kubernetes pod IPs from the environment", args: kubeArgs,
+			env: environ{vars: map[string]string{"POD_NAME": "p", "POD_NAMESPACE": "n", "POD_UID": "u", "POD_IPS": "fd00::7,10.0.0.7,10.0.0.8"}},
+			check: func(t *testing.T, o options) {
+				if o.podIP != "10.0.0.7" {
+					t.Errorf("podIP %q, want the first inet4 address 10.0.0.7", o.podIP)
+				}
+			},
+		},
+		{
+			name: "kubernetes pod IPs of the inet6 family", args: append(kubeArgs, "-endpoint-family", "inet6", "-pod-ips", "10.0.0.7, fd00::7"), env: kubeEnv,
+			check: func(t *testing.T, o options) {
+				if o.podIP != "fd00::7" {
+					t.Errorf("podIP %q, want fd00::7", o.podIP)
+				}
+			},
+		},
+		{
+			name: "kubernetes pod IPs without the family", args: append(kubeArgs, "-pod-ips", "fd00::7"), env: kubeEnv,
+			check: func(t *testing.T, o options) {
+				if o.podIP != "" {
+					t.Errorf("podIP %q, want none: the home reads the Pod for an inet4 address", o.podIP)
+				}
+			},
+		},
+		{
 			name: "kubernetes flags over the environment", args: append(kubeArgs, "-pod-name", "other", "-node-id", "n"), env: kubeEnv,
 			check: func(t *testing.T, o options) {
 				if o.podName != "other" || o.nodeID != "n" {
@@ -254,6 +281,8 @@ func TestParseFlagsRefusals(t *testing.T) {
 		{"token without issuer url", ka("-grant-token-file", "/t"), kubeEnv, "-grant-issuer-url"},
 		{"grant issuer url not https", ka("-grant-token-file", "/t", "-grant-issuer-url", "http://ctl"), kubeEnv, "-grant-issuer-url"},
 		{"grant issuer url without token", ka("-grant-issuer-url", "https://ctl"), kubeEnv, "-grant-token-file"},
+		{"pod ips on standalone", sa("-pod-ips", "10.0.0.1"), testEnv, "-pod-ips"},
+		{"pod ips not IPs", ka("-pod-ips", "10.0.0.1,grant-0"), kubeEnv, "-pod-ips"},
 	}
 	if !fiberd.TestHooks {
 		tests = append(tests, refusal{"admin-unsafe without testhooks", sa("-admin-unsafe"), testEnv, "-admin-unsafe"})

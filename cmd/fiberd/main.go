@@ -52,6 +52,9 @@ var (
 	_ fiberd.IssuerOverrider = (*kubernetes.Home)(nil)
 	_ fiberd.ScopeLoser      = (*kubernetes.Home)(nil)
 	_ fiberd.EndpointHoster  = (*kubernetes.Home)(nil)
+	_ fiberd.IssuerOverrider = podIPHome{}
+	_ fiberd.ScopeLoser      = podIPHome{}
+	_ fiberd.EndpointHoster  = podIPHome{}
 )
 
 // Exit codes.
@@ -244,8 +247,33 @@ func buildHome(ctx context.Context, o options, cache *grant.Cache, log logr.Logg
 	if err != nil {
 		return nil, err
 	}
-	return h, nil
+	return withPodIP(h, o, log), nil
 }
+
+// withPodIP is h, answering EndpointHost with the Pod IP -pod-ips gave when
+// it holds one of the family.
+func withPodIP(h *kubernetes.Home, o options, log logr.Logger) home.Home {
+	if o.podIP == "" {
+		return h
+	}
+	log.Info("Advertising the Pod IP the downward API gave; the Pod is not read for it", "ip", o.podIP, "family", o.endpointFamily)
+	return podIPHome{Home: h, ip: o.podIP}
+}
+
+// podIPHome is the Kubernetes home with the Pod IP the downward API gave
+// (-pod-ips, $POD_IPS from status.podIPs): EndpointHost answers it and reads
+// nothing, where the home would read the Pod until the kubelet wrote an
+// address. Every other method is the home's own. The value reaches the
+// agent here, in cmd/, because only cmd/ turns the environment into
+// configuration and the home's Config has no field for it (design
+// decision 47).
+type podIPHome struct {
+	*kubernetes.Home
+	ip string
+}
+
+// EndpointHost is the Pod IP of the configured family from -pod-ips.
+func (h podIPHome) EndpointHost() string { return h.ip }
 
 func addrString(a *fiberd.Agent) string {
 	if addr := a.Addr(); addr != nil {

@@ -64,9 +64,12 @@ type CacheOptions struct {
 	// Clock reads the time for staleness and the refresh limit. Default
 	// clock.RealClock{}.
 	Clock clock.PassiveClock
-	// Logger logs refreshes: failures at V(0), successes at V(2). The zero
-	// Logger means klog.Background(); note that logr.Discard() is the zero
-	// Logger too, so for silence pass a logger with a sink that drops lines.
+	// Logger logs refreshes: failures at V(1), successes at V(2). The owner
+	// that drives Refresh logs an outage, once when it starts and once when
+	// it ends; a failed refresh Key starts reaches the caller as its error.
+	// The zero Logger means klog.Background(); note that logr.Discard() is
+	// the zero Logger too, so for silence pass a logger with a sink that
+	// drops lines.
 	Logger logr.Logger
 }
 
@@ -124,10 +127,11 @@ type Cache struct {
 	fetchMu     sync.Mutex
 	lastAttempt time.Time // guarded by fetchMu
 
-	mu       sync.RWMutex
-	keys     map[string]jose.JSONWebKey
-	loadedAt time.Time // last successful load; zero when never loaded
-	lastErr  error     // last refresh failure, nil after a success
+	mu        sync.RWMutex
+	keys      map[string]jose.JSONWebKey
+	loadedAt  time.Time // last successful load; zero when never loaded
+	lastErr   error     // last refresh failure, nil after a success
+	attempted time.Time // lastAttempt, for RefreshIn, which must not wait for a refresh in flight
 }
 
 // NewCache returns an empty cache of issuerURL's keys. issuerURL must be an
@@ -160,6 +164,30 @@ func (c *Cache) LastRefresh() time.Time {
 	return c.loadedAt
 }
 
+// RefreshIn is how long, by the cache's clock, until the owner's
+// background refresh is due, by the keys' own lifetime: half of MaxStale
+// after the last successful load, so a refresh that fails leaves the other
+// half for retries, as a grant is renewed at half its lease. While the set
+// never loaded or the last refresh failed, it is due MinRefreshInterval
+// after the last attempt; it is never due sooner than that. It is 0 (due
+// now) before any attempt, and never negative. A refresh Key starts counts
+// like any other. The Kubernetes home's Run sleeps this long between
+// refreshes.
+func (c *Cache) RefreshIn() time.Duration {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	if c.attempted.IsZero() {
+		return 0
+	}
+	due := c.attempted.Add(c.opts.MinRefreshInterval)
+	if !c.loadedAt.IsZero() && c.lastErr == nil {
+		if half := c.loadedAt.Add(c.opts.MaxStale / 2); half.After(due) {
+			due = half
+		}
+	}
+	return max(due.Sub(c.opts.Clock.Now()), 0)
+}
+
 // Refresh loads the key set now, whatever the time since the last refresh,
 // and replaces the cached set when it succeeds. On failure the previous set
 // stays, and ages towards MaxStale. The error names the issuer and the step
@@ -173,12 +201,15 @@ func (c *Cache) Refresh(ctx context.Context) error {
 // refreshLocked fetches and stores the key set. fetchMu must be held.
 func (c *Cache) refreshLocked(ctx context.Context) error {
 	c.lastAttempt = c.opts.Clock.Now()
+	c.mu.Lock()
+	c.attempted = c.lastAttempt
+	c.mu.Unlock()
 	keys, err := c.fetch(ctx)
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if err != nil {
 		c.lastErr = err
-		c.opts.Logger.Info("Issuer keys refresh failed", "issuer", c.issuer, "err", err)
+		c.opts.Logger.V(1).Info("Issuer keys refresh failed", "issuer", c.issuer, "err", err)
 		return err
 	}
 	c.keys = keys

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/go-jose/go-jose/v4"
+	"github.com/go-logr/logr/funcr"
 	"github.com/go-logr/logr/testr"
 	clocktesting "k8s.io/utils/clock/testing"
 
@@ -394,5 +395,97 @@ func TestStaticKeys(t *testing.T) {
 	}
 	if _, err := NewStaticKeys([]byte(`{"keys":[]}`)); !errors.Is(err, core.ErrInvalid) {
 		t.Errorf("NewStaticKeys(empty set) = %v, want ErrInvalid", err)
+	}
+}
+
+// RefreshIn: due at once before any attempt, half of MaxStale after a
+// load, MinRefreshInterval after a failed attempt, and never sooner than
+// MinRefreshInterval after the last attempt; by the cache's clock.
+func TestCacheRefreshIn(t *testing.T) {
+	s := newTestIssuerServer(t)
+	s.setKeys(t, mustKey(t, "EdDSA", "k1"))
+	clk := clocktesting.NewFakePassiveClock(testNow)
+	c, err := NewCache(s.srv.URL, CacheOptions{
+		HTTPClient: s.srv.Client(), Clock: clk, Logger: testr.New(t),
+		MaxStale: time.Hour, MinRefreshInterval: time.Minute,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if in := c.RefreshIn(); in != 0 {
+		t.Fatalf("RefreshIn before any attempt = %v, want 0 (at once)", in)
+	}
+	if err := c.Refresh(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if in := c.RefreshIn(); in != 30*time.Minute {
+		t.Fatalf("RefreshIn after a load = %v, want half of MaxStale, 30m", in)
+	}
+	clk.SetTime(testNow.Add(10 * time.Minute))
+	if in := c.RefreshIn(); in != 20*time.Minute {
+		t.Fatalf("RefreshIn 10m after a load = %v, want 20m", in)
+	}
+	clk.SetTime(testNow.Add(30 * time.Minute))
+	s.setStatus(http.StatusServiceUnavailable)
+	if err := c.Refresh(ctx); err == nil {
+		t.Fatal("Refresh against a failing issuer succeeded")
+	}
+	if in := c.RefreshIn(); in != time.Minute {
+		t.Fatalf("RefreshIn after a failure = %v, want MinRefreshInterval, 1m", in)
+	}
+	clk.SetTime(testNow.Add(45 * time.Minute))
+	if in := c.RefreshIn(); in != 0 {
+		t.Fatalf("RefreshIn long past due = %v, want 0", in)
+	}
+	s.setStatus(0)
+	if _, err := c.Key(ctx, "unknown-kid"); !errors.Is(err, core.ErrUnauthenticated) {
+		t.Fatalf("Key of an unknown kid = %v", err)
+	}
+	if in := c.RefreshIn(); in != 30*time.Minute {
+		t.Fatalf("RefreshIn after a load Key started = %v, want 30m", in)
+	}
+
+	short, err := NewCache(s.srv.URL, CacheOptions{
+		HTTPClient: s.srv.Client(), Clock: clk, Logger: testr.New(t),
+		MaxStale: time.Minute, MinRefreshInterval: time.Minute,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := short.Refresh(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if in := short.RefreshIn(); in != time.Minute {
+		t.Fatalf("RefreshIn with MaxStale/2 under the refresh limit = %v, want the limit, 1m", in)
+	}
+}
+
+// Logger: "failures at V(1)": the owner logs an outage once; the cache
+// does not log each failed refresh at V(0).
+func TestCacheLogsFailuresAtV1(t *testing.T) {
+	s := newTestIssuerServer(t)
+	s.setKeys(t, mustKey(t, "EdDSA", "k1"))
+	s.setStatus(http.StatusServiceUnavailable)
+	var mu sync.Mutex
+	var lines []string
+	logger := funcr.New(func(prefix, args string) {
+		mu.Lock()
+		defer mu.Unlock()
+		lines = append(lines, args)
+	}, funcr.Options{Verbosity: 0})
+	c, err := NewCache(s.srv.URL, CacheOptions{HTTPClient: s.srv.Client(), Logger: logger})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		if err := c.Refresh(context.Background()); err == nil {
+			t.Fatal("Refresh against a failing issuer succeeded")
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(lines) != 0 {
+		t.Fatalf("failed refreshes logged at V(0): %q", lines)
 	}
 }

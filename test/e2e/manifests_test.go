@@ -59,7 +59,7 @@ func TestManifestsAgree(t *testing.T) {
 			envs[e.Name] = e.ValueFrom.FieldRef.FieldPath
 		}
 	}
-	for name, path := range map[string]string{"POD_NAME": "metadata.name", "POD_NAMESPACE": "metadata.namespace", "POD_UID": "metadata.uid"} {
+	for name, path := range map[string]string{"POD_NAME": "metadata.name", "POD_NAMESPACE": "metadata.namespace", "POD_UID": "metadata.uid", "POD_IPS": "status.podIPs"} {
 		if envs[name] != path {
 			t.Errorf("grant-pod.yaml env %s from %q, want the downward API's %s", name, envs[name], path)
 		}

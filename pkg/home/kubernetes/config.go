@@ -56,7 +56,10 @@ type Config struct {
 	// the Pod before the home is unhealthy. Default DefaultStaleTTL.
 	StaleTTL time.Duration
 	// Poll is how often the API server is asked. It is also how long one
-	// round may take. Default half of StaleTTL.
+	// round may take. Default half of StaleTTL. It bounds every other
+	// request to the API server too: a readiness patch (and its wait for
+	// one in flight), and a read of the Pod in EndpointHost or Devices.
+	// Validate refuses it when it is not positive after defaults.
 	Poll time.Duration
 	// GrantsDir is the directory polled for *.jwt files, and the one the
 	// grant fetch writes. Empty means no delivery and no grant to admit.
@@ -78,7 +81,8 @@ type Config struct {
 	// must chain to. Empty means the system roots.
 	GrantCAFile string
 	// GrantFetchTimeout is how long New retries the first grant fetch.
-	// Default DefaultGrantFetchTimeout.
+	// Default DefaultGrantFetchTimeout. It is measured on Clock, and it ends
+	// an attempt in flight as well as the wait before the next.
 	GrantFetchTimeout time.Duration
 	// Cache is the verifier's key cache, refreshed in the background while
 	// the home runs. Nil means no issuer keys to refresh.
@@ -149,6 +153,9 @@ func (c Config) Validate() error {
 		return fmt.Errorf("kubernetes home: StaleTTL %v is negative: set a positive duration, or 0 for %v", c.StaleTTL, DefaultStaleTTL)
 	case c.Poll < 0:
 		return fmt.Errorf("kubernetes home: Poll %v is negative: set a positive duration, or 0 for half of StaleTTL", c.Poll)
+	case c.Poll == 0:
+		// Only a StaleTTL of 1ns leaves it so: half of it is 0.
+		return fmt.Errorf("kubernetes home: Poll is not positive: half of StaleTTL %v is 0: set a positive Poll, or a StaleTTL of at least 2ns", c.StaleTTL)
 	case c.Poll >= c.StaleTTL:
 		return fmt.Errorf("kubernetes home: Poll %v is not shorter than StaleTTL %v, so the home would go stale between polls: set Poll below StaleTTL, or 0 for half of it", c.Poll, c.StaleTTL)
 	case c.GrantsPoll < 0:

@@ -37,6 +37,9 @@ func TestValidate(t *testing.T) {
 		{"Poll negative", func(c *kubernetes.Config) { c.Poll = -time.Second }, []string{"Poll", "positive"}},
 		{"Poll not below StaleTTL", func(c *kubernetes.Config) { c.StaleTTL = 10 * time.Second; c.Poll = 10 * time.Second }, []string{"Poll", "below StaleTTL"}},
 		{"Poll above the default StaleTTL", func(c *kubernetes.Config) { c.Poll = time.Minute }, []string{"Poll", "StaleTTL"}},
+		// Every duration must be positive after defaults: a StaleTTL of
+		// 1ns leaves a Poll of 0, which no ticker takes.
+		{"Poll zero after defaults", func(c *kubernetes.Config) { c.StaleTTL = time.Nanosecond }, []string{"Poll", "positive", "StaleTTL"}},
 		{"GrantsPoll negative", func(c *kubernetes.Config) { c.GrantsPoll = -1 }, []string{"GrantsPoll", "positive"}},
 		{"GrantFetchTimeout negative", func(c *kubernetes.Config) { c.GrantFetchTimeout = -1 }, []string{"GrantFetchTimeout", "positive"}},
 		{"Family unknown", func(c *kubernetes.Config) { c.Family = endpoint.Family(9) }, []string{"Family", "endpoint.Inet4"}},
@@ -75,6 +78,16 @@ func TestValidate(t *testing.T) {
 func TestNewValidates(t *testing.T) {
 	if _, err := kubernetes.New(t.Context(), kubernetes.Config{}); err == nil || !strings.Contains(err.Error(), "Kube") {
 		t.Fatalf("New(zero Config) = %v, want Validate's error", err)
+	}
+	// A StaleTTL too short to poll within is refused here, not by a panic
+	// in Run.
+	cfg := baseConfig(t, newWorld(), newClock())
+	cfg.StaleTTL = time.Nanosecond
+	if h, err := kubernetes.New(t.Context(), cfg); err == nil || !strings.Contains(err.Error(), "Poll") {
+		if h != nil {
+			h.Close()
+		}
+		t.Fatalf("New with StaleTTL 1ns = %v, want Validate's error naming Poll", err)
 	}
 }
 

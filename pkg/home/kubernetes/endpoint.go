@@ -39,10 +39,11 @@ func (h *Home) EndpointHost() string {
 	var lastErr error
 	for {
 		p, err := h.readPod(h.waitCtx)
-		if err != nil {
-			lastErr = err
-		} else if ip := podIP(p, h.cfg.Family); ip != "" {
-			return ip
+		lastErr = err // the last outcome: a read that worked clears it
+		if err == nil {
+			if ip := podIP(p, h.cfg.Family); ip != "" {
+				return ip
+			}
 		}
 		if h.clk.Since(start) >= podIPWait || !h.waitRetry() {
 			break

@@ -35,7 +35,8 @@ const maxSATokenSize = 64 << 10
 const (
 	fetchBackoffMin = 500 * time.Millisecond
 	fetchBackoffMax = 30 * time.Second
-	// fetchRequestTimeout bounds one request of the grant fetch.
+	// fetchRequestTimeout bounds one request of the grant fetch; the first
+	// fetch's requests also end when GrantFetchTimeout has passed.
 	fetchRequestTimeout = 30 * time.Second
 )
 
@@ -151,12 +152,18 @@ func (f *fetcher) write(token []byte) error {
 }
 
 // fetchUntil fetches and writes the grant, retrying with backoff until it
-// lands, ctx ends, or the clock passes deadline (zero: no deadline). accept,
-// when set, refuses a grant that landed but must not be kept (a renewal
-// that renews nothing); it is retried like a failure. Every failure is
-// logged: a 404 at V(1), other failures as errors.
+// lands or ctx ends; ctx bounds an attempt in flight too, so a deadline on
+// it is the time left for every attempt. deadline, when not zero, is when
+// ctx ends, by clk: no wait between attempts is longer than half the time
+// left (nor shorter than fetchBackoffMin), so the last attempts come before
+// it rather than a backoff of up to fetchBackoffMax past it. accept, when
+// set, refuses a grant that landed but must not be kept (a renewal that
+// renews nothing); it is retried like a failure. Every failure is logged: a
+// 404 at V(1), other failures as errors. Once ctx has ended, the error is
+// its cause, with the last failure before it.
 func (f *fetcher) fetchUntil(ctx context.Context, clk clock.Clock, log logr.Logger, deadline time.Time, accept func(tokenClaims) error) ([]byte, tokenClaims, error) {
 	backoff := fetchBackoffMin
+	var last error
 	for {
 		token, claims, err := f.fetch(ctx)
 		if err == nil && accept != nil {
@@ -168,15 +175,12 @@ func (f *fetcher) fetchUntil(ctx context.Context, clk clock.Clock, log logr.Logg
 			}
 		}
 		if ctx.Err() != nil {
-			return nil, tokenClaims{}, context.Cause(ctx)
+			return nil, tokenClaims{}, ended(ctx, last)
 		}
+		last = err
 		wait := backoff
 		if !deadline.IsZero() {
-			left := deadline.Sub(clk.Now())
-			if left <= 0 {
-				return nil, tokenClaims{}, err
-			}
-			wait = min(wait, left)
+			wait = min(wait, max(deadline.Sub(clk.Now())/2, fetchBackoffMin))
 		}
 		if errors.Is(err, errNotYet) {
 			log.V(1).Info("No grant for this Pod yet; retrying", "url", f.url, "retryIn", wait)
@@ -187,11 +191,21 @@ func (f *fetcher) fetchUntil(ctx context.Context, clk clock.Clock, log logr.Logg
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			return nil, tokenClaims{}, context.Cause(ctx)
+			return nil, tokenClaims{}, ended(ctx, last)
 		case <-t.C():
 		}
 		backoff = min(2*backoff, fetchBackoffMax)
 	}
+}
+
+// ended is fetchUntil's error once ctx has ended: its cause, and the last
+// failure before it when there was one.
+func ended(ctx context.Context, last error) error {
+	cause := context.Cause(ctx)
+	if last == nil {
+		return cause
+	}
+	return fmt.Errorf("%w, after: %w", cause, last)
 }
 
 // tokenClaims is what the home reads of a grant token without verifying

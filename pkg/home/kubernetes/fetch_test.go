@@ -9,9 +9,11 @@ import (
 	"crypto/x509/pkix"
 	"encoding/pem"
 	"errors"
+	"fmt"
 	"io"
 	"log"
 	"math/big"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -108,7 +110,11 @@ func (s *grantServer) configure(t *testing.T, c *kubernetes.Config) {
 func (s *grantServer) grantFile() string { return filepath.Join(s.grantDir, testUID+".jwt") }
 
 // newAsync runs New in a goroutine, stepping clk by step whenever New
-// waits on it, and returns what New returned.
+// waits between attempts, and returns what New returned. New waits on the
+// clock in two ways: for the deadline of its first fetch
+// (GrantFetchTimeout), all along, and for a backoff between attempts; only
+// then are two waiters on the clock. Stepping only then cuts no attempt in
+// flight short by fake time racing ahead of it.
 func newAsync(t *testing.T, ctx context.Context, cfg kubernetes.Config, clk *clocktesting.FakeClock, step time.Duration) (*kubernetes.Home, error) {
 	t.Helper()
 	type result struct {
@@ -132,7 +138,7 @@ func newAsync(t *testing.T, ctx context.Context, cfg kubernetes.Config, clk *clo
 			if time.Now().After(deadline) {
 				t.Fatal("New did not return")
 			}
-			if clk.HasWaiters() {
+			if clk.Waiters() >= 2 {
 				clk.Step(step)
 			}
 		}
@@ -251,6 +257,88 @@ func TestNewFailsWhenNoGrantCameInTime(t *testing.T) {
 	}
 }
 
+// "retrying for up to GrantFetchTimeout. It fails when no grant came by
+// then": every attempt ends when the clock passes GrantFetchTimeout, also
+// one in flight to a controller that accepts the connection and never
+// answers, before or after the TLS handshake.
+func TestNewBoundsEveryAttemptByTheTimeLeft(t *testing.T) {
+	for _, tt := range []struct {
+		name  string
+		serve func(t *testing.T) (url string, reached func() bool)
+	}{
+		{"no handshake", func(t *testing.T) (string, func() bool) {
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			var mu sync.Mutex
+			var conns []net.Conn
+			go func() {
+				for {
+					c, err := ln.Accept()
+					if err != nil {
+						return
+					}
+					mu.Lock()
+					conns = append(conns, c) // held open, never written to
+					mu.Unlock()
+				}
+			}()
+			t.Cleanup(func() {
+				ln.Close()
+				mu.Lock()
+				defer mu.Unlock()
+				for _, c := range conns {
+					c.Close()
+				}
+			})
+			return "https://" + ln.Addr().String(), func() bool {
+				mu.Lock()
+				defer mu.Unlock()
+				return len(conns) > 0
+			}
+		}},
+		{"no answer", func(t *testing.T) (string, func() bool) {
+			srv := newGrantServer(t)
+			stop := make(chan struct{})
+			t.Cleanup(func() { close(stop) }) // runs before the server's Close
+			srv.setRespond(func(int) (int, []byte) {
+				<-stop
+				return http.StatusServiceUnavailable, nil
+			})
+			return srv.URL, func() bool { return srv.count() > 0 }
+		}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			url, reached := tt.serve(t)
+			srv := newGrantServer(t) // for its CA and token files
+			clk := newClock()
+			cfg := baseConfig(t, newWorld(), clk)
+			srv.configure(t, &cfg)
+			cfg.GrantIssuerURL = url
+			cfg.GrantFetchTimeout = time.Second
+			done := make(chan error, 1)
+			go func() {
+				h, err := kubernetes.New(context.Background(), cfg)
+				if h != nil {
+					h.Close()
+				}
+				done <- err
+			}()
+			eventually(t, "the first attempt reaching the controller", reached)
+			clk.Step(time.Second)
+			select {
+			case err := <-done:
+				if err == nil || !strings.Contains(err.Error(), "GrantFetchTimeout") {
+					t.Fatalf("New = %v, want the error naming GrantFetchTimeout", err)
+				}
+			case <-time.After(5 * time.Second):
+				t.Fatal("New still waits on an attempt in flight 5s after the clock passed GrantFetchTimeout")
+			}
+		})
+	}
+}
+
 // DefaultGrantFetchTimeout "is how long New retries the first grant
 // fetch": 60s.
 func TestDefaultGrantFetchTimeout(t *testing.T) {
@@ -299,6 +387,9 @@ func TestNewFallsBackToAnUnexpiredGrantFile(t *testing.T) {
 		{"unexpired", testUID + ".jwt", token(testUID, epoch.Add(-50*time.Minute), epoch.Add(10*time.Minute)), true},
 		{"expired", testUID + ".jwt", token(testUID, epoch.Add(-2*time.Hour), epoch), false},
 		{"another pod's file", otherUID + ".jwt", token(otherUID, epoch, epoch.Add(time.Hour)), false},
+		// "an unexpired grant file for the Pod": the file's name is not
+		// enough, its token must be the Pod's grant.
+		{"the Pod's file with another grant", testUID + ".jwt", token(otherUID, epoch, epoch.Add(time.Hour)), false},
 		{"malformed", testUID + ".jwt", []byte("not a jwt"), false},
 	}
 	for _, tt := range tests {
@@ -341,6 +432,57 @@ func TestNewFallsBackToAnUnexpiredGrantFile(t *testing.T) {
 				got, _ := h.OwnGrant()
 				return string(got) == string(renewed)
 			})
+		})
+	}
+}
+
+// The fallback says why the grant file cannot stand in for the fetch: in
+// a log line naming the file, and in New's error.
+func TestNewSaysWhyTheGrantFileCannotStandIn(t *testing.T) {
+	for _, tt := range []struct {
+		name  string
+		write func(t *testing.T, path string)
+		why   string
+	}{
+		{"unreadable", func(t *testing.T, path string) {
+			if err := os.Mkdir(path, 0o700); err != nil {
+				t.Fatal(err)
+			}
+		}, "not a regular file"},
+		{"another grant", func(t *testing.T, path string) {
+			if err := os.WriteFile(path, token(otherUID, epoch, epoch.Add(time.Hour)), 0o600); err != nil {
+				t.Fatal(err)
+			}
+		}, otherUID},
+		{"expired", func(t *testing.T, path string) {
+			if err := os.WriteFile(path, token(testUID, epoch.Add(-2*time.Hour), epoch.Add(-time.Hour)), 0o600); err != nil {
+				t.Fatal(err)
+			}
+		}, "expired"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			srv := newGrantServer(t)
+			srv.setRespond(func(int) (int, []byte) { return http.StatusInternalServerError, []byte("controller down") })
+			if err := os.MkdirAll(srv.grantDir, 0o700); err != nil {
+				t.Fatal(err)
+			}
+			tt.write(t, srv.grantFile())
+			logs := logtest.Recorder{}
+			clk := newClock()
+			cfg := baseConfig(t, newWorld(), clk)
+			srv.configure(t, &cfg)
+			cfg.Logger = logs.Logger()
+			cfg.GrantFetchTimeout = time.Second
+			_, err := newAsync(t, context.Background(), cfg, clk, 250*time.Millisecond)
+			if err == nil {
+				t.Fatal("New succeeded without a grant")
+			}
+			if !strings.Contains(err.Error(), tt.why) {
+				t.Errorf("New's error %q does not say why the file cannot stand in (%q)", err, tt.why)
+			}
+			if l := logs.Matching(srv.grantFile(), tt.why); len(l) != 1 {
+				t.Errorf("want one log line naming %s and %q; log:\n%s", srv.grantFile(), tt.why, logs.String())
+			}
 		})
 	}
 }
@@ -543,16 +685,78 @@ func issuerCache(t *testing.T, iss *granttest.Issuer) *grant.Cache {
 	return c
 }
 
-// Cache: "refreshed in the background while the home runs", each poll.
-func TestRunRefreshesTheKeyCache(t *testing.T) {
+// Cache: "refreshed in the background while the home runs", by the keys'
+// own lifetime, not every poll round: once at once, then when half of the
+// cache's MaxStale has passed since the last load, as the grant is renewed
+// at half its lease.
+func TestRunRefreshesTheKeysByTheirLifetime(t *testing.T) {
 	iss := newIssuer(t)
-	c := issuerCache(t, iss)
-	h, k, clk := newHome(t, func(cfg *kubernetes.Config) { cfg.Cache = c })
+	clk := newClock()
+	c, err := grant.NewCache(iss.URL, grant.CacheOptions{Logger: quiet(), HTTPClient: iss.Client(), Clock: clk, MaxStale: 10 * time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, k, _ := newHomeOn(t, clk, func(cfg *kubernetes.Config) { cfg.Cache = c })
 	run(t, h)
 	eventually(t, "the first refresh", func() bool { return iss.DiscoveryHits() == 1 && !c.LastRefresh().IsZero() })
 	rounds(t, k, 1)
-	tick(t, clk, 15*time.Second)
-	eventually(t, "the second refresh", func() bool { return iss.DiscoveryHits() == 2 })
+	for i := 2; i <= 20; i++ { // 4m45s of poll rounds
+		tick(t, clk, 15*time.Second)
+		rounds(t, k, i)
+	}
+	settle()
+	if n := iss.DiscoveryHits(); n != 1 {
+		t.Fatalf("%d key refreshes in 4m45s of poll rounds, want 1: the keys last 10m", n)
+	}
+	tick(t, clk, 15*time.Second) // 5m: half of MaxStale
+	eventually(t, "the refresh at half the keys' lifetime", func() bool { return iss.DiscoveryHits() == 2 })
+}
+
+// A key refresh that fails is retried once per the cache's
+// MinRefreshInterval, and the outage is logged once, at its start, and
+// once at its end: neither the home nor the cache logs each failed retry
+// at V(0).
+func TestKeyRefreshOutageIsLoggedOnceAndItsEnd(t *testing.T) {
+	iss := newIssuer(t)
+	clk := newClock()
+	logs := logtest.Recorder{}
+	c, err := grant.NewCache(iss.URL, grant.CacheOptions{
+		Logger: logs.Logger(), HTTPClient: iss.Client(), Clock: clk,
+		MaxStale: 10 * time.Minute, MinRefreshInterval: time.Minute,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, _, _ := newHomeOn(t, clk, func(cfg *kubernetes.Config) { cfg.Cache = c; cfg.Logger = logs.Logger() })
+	iss.SetFailing(true)
+	run(t, h)
+	// hits waits for n refreshes in all, and for no more to follow.
+	hits := func(n int64) {
+		t.Helper()
+		eventually(t, fmt.Sprintf("refresh %d", n), func() bool { return iss.DiscoveryHits() >= n })
+		settle()
+		if got := iss.DiscoveryHits(); got != n {
+			t.Fatalf("%d refreshes %v into the outage, want %d: one per minute", got, clk.Since(epoch), n)
+		}
+	}
+	hits(1)
+	for i := 1; i <= 4; i++ { // 30s steps to 2m: retries at 1m and 2m
+		tick(t, clk, 30*time.Second)
+		hits(int64(1 + i/2))
+	}
+	iss.SetFailing(false)
+	tick(t, clk, time.Minute) // 3m: the next retry works
+	eventually(t, "the refresh after the outage", func() bool { return c.LastRefresh().Equal(epoch.Add(3 * time.Minute)) })
+	eventually(t, "the end of the outage logged", func() bool { return logs.Count("works again") == 1 })
+	var about []string
+	for _, l := range logs.Lines() {
+		if strings.Contains(strings.ToLower(l), "keys") {
+			about = append(about, l)
+		}
+	}
+	if len(about) != 2 {
+		t.Fatalf("%d lines about the keys, want 2 (the outage once, its end once): %q", len(about), about)
+	}
 }
 
 // The overview: the home "writes it into the grants directory. The

@@ -95,8 +95,14 @@ func baseConfig(t *testing.T, k kubernetes.Kube, clk *clocktesting.FakeClock) ku
 // the Config first.
 func newHome(t *testing.T, mutate func(*kubernetes.Config)) (*kubernetes.Home, *fake.Kube, *clocktesting.FakeClock) {
 	t.Helper()
+	return newHomeOn(t, clocktesting.NewFakeClock(epoch), mutate)
+}
+
+// newHomeOn is newHome on clk, for tests that hand the same clock to
+// something else too (a key cache).
+func newHomeOn(t *testing.T, clk *clocktesting.FakeClock, mutate func(*kubernetes.Config)) (*kubernetes.Home, *fake.Kube, *clocktesting.FakeClock) {
+	t.Helper()
 	k := newWorld()
-	clk := clocktesting.NewFakeClock(epoch)
 	cfg := baseConfig(t, k, clk)
 	if mutate != nil {
 		mutate(&cfg)

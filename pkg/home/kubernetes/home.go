@@ -46,9 +46,12 @@ type Home struct {
 	markMu sync.Mutex
 	paused bool
 
-	// patchMu serialises the patches of the Pod condition, so the last one
-	// sent carries the last state.
-	patchMu sync.Mutex
+	// patching is held, by sending into it, across a patch of the Pod
+	// condition, so the last patch sent carries the last state. It is a
+	// channel, not a mutex, so a wait for it ends with the waiter's
+	// context: PublishReady waits at most Poll, and a poll round never
+	// waits (it repairs the condition in a later round instead).
+	patching chan struct{}
 
 	mu        sync.Mutex
 	running   bool
@@ -60,9 +63,11 @@ type Home struct {
 	lost      map[string]bool // reasons already queued
 	pending   []string        // reasons not yet delivered
 	// claimsFailingSince is when the referenced claims were first
-	// unreadable in a row; zero while they read.
+	// unreadable in a row of rounds that read the Pod; zero while they
+	// read, and after a round that could not read the Pod.
 	claimsFailingSince time.Time
 	failing            map[string]bool // what is failing, to log changes only
+	keysFailing        bool            // the last key refresh failed
 	lostSignal         chan struct{}
 }
 
@@ -105,6 +110,7 @@ func New(ctx context.Context, cfg Config) (*Home, error) {
 		lost:       map[string]bool{},
 		failing:    map[string]bool{},
 		lostSignal: make(chan struct{}, 1),
+		patching:   make(chan struct{}, 1),
 	}
 	h.waitCtx, h.cancelWait = context.WithCancel(context.Background())
 	if cfg.GrantsDir != "" {
@@ -158,10 +164,15 @@ func resolveCgroupRoot(root string, self func() (string, error), delegate func(s
 }
 
 // firstFetch is New's grant fetch: retried until GrantFetchTimeout, with
-// an unexpired grant file of the Pod as the fallback.
+// an unexpired grant file of the Pod as the fallback. The deadline is on
+// the clock, and it ends an attempt in flight as well as a wait between
+// attempts.
 func (h *Home) firstFetch(ctx context.Context) error {
 	deadline := h.clk.Now().Add(h.cfg.GrantFetchTimeout)
-	token, claims, err := h.fetch.fetchUntil(ctx, h.clk, h.log, deadline, nil)
+	fctx, cancel := onClock(ctx, h.clk, h.cfg.GrantFetchTimeout,
+		fmt.Errorf("GrantFetchTimeout %v passed: %w", h.cfg.GrantFetchTimeout, context.DeadlineExceeded))
+	token, claims, err := h.fetch.fetchUntil(fctx, h.clk, h.log, deadline, nil)
+	cancel()
 	if err == nil {
 		h.setOwnGrant(token, claims)
 		h.log.Info("Fetched this Pod's grant", "path", h.fetch.path, "expiry", claims.Expiry, "renewAt", claims.renewAt())
@@ -170,16 +181,36 @@ func (h *Home) firstFetch(ctx context.Context) error {
 	if ctx.Err() != nil {
 		return context.Cause(ctx)
 	}
-	if b, rerr := core.ReadFileBounded(h.fetch.path, maxTokenSize); rerr == nil {
-		b = bytes.TrimSpace(b)
-		if c, perr := peekClaims(b); perr == nil && h.clk.Now().Before(c.Expiry) {
-			h.setOwnGrant(b, c)
-			h.log.Error(err, "No grant fetched in time; using the unexpired grant file", "path", h.fetch.path, "expiry", c.Expiry)
-			return nil
-		}
+	b, c, ferr := h.grantFile()
+	if ferr == nil {
+		h.setOwnGrant(b, c)
+		h.log.Error(err, "No grant fetched in time; using the unexpired grant file", "path", h.fetch.path, "expiry", c.Expiry)
+		return nil
 	}
-	return fmt.Errorf("kubernetes home: Pod %s/%s: no grant from %s within %v (%w), and %s holds no unexpired grant: check that the controller serves this Pod's grant and accepts its service-account token, or raise GrantFetchTimeout",
-		h.cfg.PodNamespace, h.cfg.PodName, h.fetch.url, h.cfg.GrantFetchTimeout, err, h.fetch.path)
+	h.log.Error(ferr, "No grant fetched in time, and the grant file cannot stand in", "path", h.fetch.path)
+	return fmt.Errorf("kubernetes home: Pod %s/%s: no grant from %s within %v (%w), and %w: check that the controller serves this Pod's grant and accepts its service-account token, or raise GrantFetchTimeout",
+		h.cfg.PodNamespace, h.cfg.PodName, h.fetch.url, h.cfg.GrantFetchTimeout, err, ferr)
+}
+
+// grantFile reads the grant file the fetch writes, GrantsDir/<PodUID>.jwt,
+// and returns its token when it is this Pod's grant and unexpired. The
+// error names the file and why it cannot stand in for a fetch.
+func (h *Home) grantFile() ([]byte, tokenClaims, error) {
+	b, err := core.ReadFileBounded(h.fetch.path, maxTokenSize)
+	if err != nil {
+		return nil, tokenClaims{}, fmt.Errorf("grant file %s: %w", h.fetch.path, err)
+	}
+	b = bytes.TrimSpace(b)
+	c, err := peekClaims(b)
+	switch {
+	case err != nil:
+		return nil, tokenClaims{}, fmt.Errorf("grant file %s: %w", h.fetch.path, err)
+	case c.UID != h.cfg.PodUID:
+		return nil, tokenClaims{}, fmt.Errorf("grant file %s holds grant %s, not this Pod's %s", h.fetch.path, c.UID, h.cfg.PodUID)
+	case !h.clk.Now().Before(c.Expiry):
+		return nil, tokenClaims{}, fmt.Errorf("grant file %s holds a grant expired at %v", h.fetch.path, c.Expiry)
+	}
+	return b, c, nil
 }
 
 func (h *Home) setOwnGrant(token []byte, c tokenClaims) {
@@ -258,8 +289,13 @@ func (h *Home) OnScopeLost(fn func(ctx context.Context, reason string)) {
 // them have stopped. A second Run logs and returns at once, as a shared
 // informer does.
 //
-// The first poll round runs at once, then one every Poll. The end of ctx
-// also cuts short a wait in EndpointHost.
+// The first poll round runs at once, then one every Poll; a round waits
+// for nothing longer than Poll. The key cache is refreshed on a loop of its
+// own, when grant.Cache.RefreshIn says the keys are due: at once when they
+// never loaded, then at half the cache's MaxStale after each load, and once
+// per its MinRefreshInterval while refreshes fail; an outage is logged when
+// it starts and when it ends. The end of ctx also cuts short a wait in
+// EndpointHost.
 func (h *Home) Run(ctx context.Context) {
 	h.mu.Lock()
 	if h.running {
@@ -276,6 +312,9 @@ func (h *Home) Run(ctx context.Context) {
 	var wg sync.WaitGroup
 	wg.Go(func() { h.pollLoop(ctx) })
 	wg.Go(func() { h.deliverLoop(ctx) })
+	if h.cfg.Cache != nil {
+		wg.Go(func() { h.keyLoop(ctx) })
+	}
 	if h.fetch != nil {
 		wg.Go(func() { h.renewLoop(ctx) })
 	}
@@ -289,9 +328,10 @@ func (h *Home) Run(ctx context.Context) {
 // Close ends what New started, the wait for the Pod's address in
 // EndpointHost. Run's context ends everything else.
 //
-// Close is idempotent. It also waits for the grants directory's poll that
-// Grants started, which ends with Grants' context, so call it after that
-// context has ended.
+// Close is idempotent, and it waits on nothing it does not end: not on Run,
+// and not on the grants directory's poll, which the context given to
+// Grants ends (its channel closes as the poll's last act). So Close may run
+// before or after those contexts end.
 func (h *Home) Close() {
 	h.closeOnce.Do(func() {
 		h.cancelWait()
@@ -299,9 +339,6 @@ func (h *Home) Close() {
 			h.fetch.transport.CloseIdleConnections()
 		}
 	})
-	if h.lane != nil {
-		h.lane.Wait()
-	}
 }
 
 // SetIssuerReachable is the test-only override behind fiberd's admin
@@ -309,9 +346,9 @@ func (h *Home) Close() {
 // resumes the polls and marks it reachable. The pause comes first, and it
 // waits for a round marking the health, so the mark here is the last one.
 //
-// While paused, poll rounds are skipped: no Pod read, no scope check, no
-// key cache refresh. Resuming also restarts the count of how long the
-// claims have been unreadable.
+// While paused, poll rounds and key refreshes are skipped: no Pod read, no
+// scope check, no key cache refresh. Resuming also restarts the count of
+// how long the claims have been unreadable.
 func (h *Home) SetIssuerReachable(reachable bool) {
 	h.markMu.Lock()
 	defer h.markMu.Unlock()
@@ -411,7 +448,7 @@ func (h *Home) Devices(ctx context.Context, _ core.Grant) (core.DeviceChannel, f
 var errReplaced = errors.New("the Pod was replaced (another UID)")
 
 // readPod reads the Pod and stores it when it is this Pod. The read is
-// bounded by Poll.
+// bounded by Poll, like every request to the API server.
 func (h *Home) readPod(ctx context.Context) (*corev1.Pod, error) {
 	ctx, cancel := context.WithTimeout(ctx, h.cfg.Poll)
 	defer cancel()

@@ -272,6 +272,50 @@ func TestEndpointHostGivesUpAfterPodIPWait(t *testing.T) {
 	}
 }
 
+// "logs the last read error once when it gives up": the last, so reads
+// that failed at first and then worked leave no stale error in the log,
+// only that the Pod has no address of the family.
+func TestEndpointHostLogsTheLastOutcome(t *testing.T) {
+	logs := logtest.Recorder{Verbosity: 1}
+	h, k, clk := newHome(t, func(c *kubernetes.Config) { c.Family = endpoint.Inet6; c.Logger = logs.Logger() })
+	p := newPod()
+	p.Status.PodIP, p.Status.PodIPs = "10.0.0.7", []corev1.PodIP{{IP: "10.0.0.7"}}
+	k.SetPod(p)
+	var n atomic.Int32
+	k.Intercept(fake.GetPod, func(context.Context, string, string) error {
+		if n.Add(1) <= 3 {
+			return errors.New("the API server is starting")
+		}
+		return nil
+	})
+	got := make(chan string, 1)
+	go func() { got <- h.EndpointHost() }()
+	deadline := time.Now().Add(time.Minute)
+	for {
+		select {
+		case ip := <-got:
+			if ip != "" {
+				t.Fatalf("EndpointHost() = %q, want \"\"", ip)
+			}
+			if l := logs.Matching("reading it failed"); len(l) != 0 {
+				t.Fatalf("logged a read error although the last reads worked: %q", l)
+			}
+			if l := logs.Matching("no address of this family"); len(l) != 1 {
+				t.Fatalf("want one line saying the Pod has no address of the family; log:\n%s", logs.String())
+			}
+			return
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("EndpointHost did not give up")
+		}
+		if clk.HasWaiters() {
+			clk.Step(500 * time.Millisecond)
+		}
+		time.Sleep(100 * time.Microsecond)
+	}
+}
+
 // "Close, or Run's context ending, cuts the wait short." Close "ends what
 // New started, the wait for the Pod's address in EndpointHost".
 func TestEndpointHostWaitCutShort(t *testing.T) {
@@ -310,6 +354,36 @@ func TestCloseIdempotent(t *testing.T) {
 	h, _, _ := newHome(t, func(c *kubernetes.Config) { c.GrantsDir = t.TempDir() })
 	h.Close()
 	h.Close()
+}
+
+// "Close ends what New started, the wait for the Pod's address in
+// EndpointHost. Run's context ends everything else." Close does not wait on
+// the grants directory's poll, which Grants' context ends: a `defer
+// h.Close()` written after `defer cancel()` runs while that context lives.
+func TestCloseDoesNotWaitForGrantsContext(t *testing.T) {
+	h, _, _ := newHome(t, func(c *kubernetes.Config) { c.GrantsDir = t.TempDir() })
+	ctx, cancel := context.WithCancel(context.Background())
+	ch, err := h.Grants(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		cancel()
+		for range ch {
+		}
+	}()
+	closed := make(chan struct{})
+	go func() {
+		defer close(closed)
+		h.Close()
+	}()
+	select {
+	case <-closed:
+	case <-time.After(10 * time.Second):
+		cancel() // let the Close in flight return, so the test can end
+		<-closed
+		t.Fatal("Close waited for the context given to Grants")
+	}
 }
 
 // New: "ctx is not the home's lifetime. Run's context and Close end the

@@ -15,12 +15,16 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
 	"os"
 	"path/filepath"
 	"runtime"
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -108,6 +112,17 @@ func (r *itRecorder) find(kind string, words ...string) (string, bool) {
 		}
 	}
 	return "", false
+}
+
+// count is how many lines of kind ("info", "error", or "" for both) hold every one of words.
+func (r *itRecorder) count(kind string, words ...string) int {
+	n := 0
+	for _, l := range r.all() {
+		if strings.HasPrefix(l, kind) && itContainsAll(l, words...) {
+			n++
+		}
+	}
+	return n
 }
 
 func itContainsAll(s string, words ...string) bool {
@@ -199,10 +214,11 @@ func (r *itHome) waitLost(t *testing.T, reason string) {
 
 // itHomeOpts shapes newITHome.
 type itHomeOpts struct {
-	cfg    *rest.Config // default: the control plane's admin config
-	family endpoint.Family
-	noRun  bool
-	wire   *itWire
+	cfg      *rest.Config // default: the control plane's admin config
+	family   endpoint.Family
+	noRun    bool
+	wire     *itWire
+	staleTTL time.Duration // default itStaleTTL
 }
 
 // newITHome builds a home for pod on env's control plane, through NewKube, and runs it until the
@@ -224,12 +240,16 @@ func newITHome(t *testing.T, env *kubeapi.Env, pod *corev1.Pod, o itHomeOpts) *i
 		t.Fatalf("NewKube: %v", err)
 	}
 	r := &itHome{logs: newITRecorder(), news: make(chan struct{}, 1)}
+	staleTTL := o.staleTTL
+	if staleTTL == 0 {
+		staleTTL = itStaleTTL
+	}
 	h, err := New(ctx, Config{
 		Kube:         kube,
 		PodName:      pod.Name,
 		PodNamespace: pod.Namespace,
 		PodUID:       string(pod.UID),
-		StaleTTL:     itStaleTTL,
+		StaleTTL:     staleTTL,
 		Poll:         itPoll,
 		CgroupRoot:   t.TempDir(),
 		Family:       o.family,
@@ -273,6 +293,17 @@ func itWaitStored(t *testing.T, h *itHome) {
 	t.Helper()
 	itWaitFor(t, "the home to read its Pod", func() bool {
 		return slices.Contains(h.Scope(), core.ScopeClaim{Name: "node", Value: kubeapi.DefaultNode})
+	})
+}
+
+// itWaitKept is itWaitFor, failing at once when h loses its scope meanwhile.
+func itWaitKept(t *testing.T, h *itHome, what string, cond func() bool) {
+	t.Helper()
+	itWaitFor(t, what, func() bool {
+		if got := h.reasons(); len(got) != 0 {
+			t.Fatalf("scope lost %q while waiting for %s", got, what)
+		}
+		return cond()
 	})
 }
 
@@ -361,8 +392,10 @@ func TestIntegrationResourceClaimDiscovery(t *testing.T) {
 		if !errors.Is(err, ErrNoResourceClaims) {
 			t.Fatalf("GetResourceClaim with the group off = %v, want ErrNoResourceClaims", err)
 		}
-		if len(paths) != 0 {
-			t.Errorf("GetResourceClaim with the group off sent %q; it should know without asking", paths)
+		// It asks discovery again (the group may have been switched on
+		// since), and reads no claim.
+		if !slices.Equal(paths, []string{"/apis/resource.k8s.io"}) {
+			t.Errorf("GetResourceClaim with the group off sent GET %q, want only the group's discovery", paths)
 		}
 
 		pod := env.CreateGrantPod(t, kubeapi.GrantPod{Name: "grant", Claims: map[string]string{"gpu": "gpu"}})
@@ -532,45 +565,205 @@ func TestIntegrationScopeLoss(t *testing.T) {
 // ----------------------------------------------------------------------------------- liveness
 
 // The API server going away makes the health stale after the stale TTL, without a scope loss;
-// coming back makes it healthy again.
+// coming back makes it healthy again. So for a Pod with a ResourceClaim as for one without (design
+// decision 45): an outage is liveness, and claims that cannot be read because nothing can are not
+// counted as unserved, however long it lasts. After it the claim is checked again, and its deletion
+// then loses the scope.
 func TestIntegrationLiveness(t *testing.T) {
 	cp := kubeapi.Start(t, kubeapi.Options{})
 	env := cp.NewEnv(t)
-	pod := env.CreateGrantPod(t, kubeapi.GrantPod{Name: "grant"})
-	h := newITHome(t, env, pod, itHomeOpts{})
-	itWaitStored(t, h)
-	if !h.Health().Healthy() {
-		t.Fatal("unhealthy while the API server answers")
+	env.CreateResourceClaim(t, "gpu")
+	homes := []struct {
+		name string
+		h    *itHome
+	}{
+		{"without claims", newITHome(t, env, env.CreateGrantPod(t, kubeapi.GrantPod{Name: "plain"}), itHomeOpts{})},
+		{"with a claim", newITHome(t, env, env.CreateGrantPod(t, kubeapi.GrantPod{Name: "claims", Claims: map[string]string{"gpu": "gpu"}}), itHomeOpts{})},
+	}
+	for _, p := range homes {
+		itWaitStored(t, p.h)
+		if !p.h.Health().Healthy() {
+			t.Fatalf("%s: unhealthy while the API server answers", p.name)
+		}
+	}
+	if !slices.Contains(homes[1].h.Scope(), core.ScopeClaim{Name: "resource_claim", Value: "gpu"}) {
+		t.Fatalf("Scope() = %v, want the claim gpu in it", homes[1].h.Scope())
 	}
 
 	if err := cp.Stop(); err != nil {
 		t.Fatal(err)
 	}
 	stopped := time.Now()
-	lastBefore := h.Health().LastSync()
-	itWaitFor(t, "the health to go stale with the API server stopped", func() bool { return !h.Health().Healthy() })
-	last := h.Health().LastSync()
-	if last.After(stopped) {
-		t.Errorf("a sync was marked at %v, after the API server stopped at %v", last, stopped)
+	for _, p := range homes {
+		h := p.h
+		lastBefore := h.Health().LastSync()
+		itWaitFor(t, p.name+": the health to go stale with the API server stopped", func() bool { return !h.Health().Healthy() })
+		last := h.Health().LastSync()
+		if last.After(stopped) {
+			t.Errorf("%s: a sync was marked at %v, after the API server stopped at %v", p.name, last, stopped)
+		}
+		if age := time.Since(last); age < itStaleTTL {
+			t.Errorf("%s: stale %v after the last sync, before the stale TTL %v", p.name, age, itStaleTTL)
+		}
+		if last.Before(lastBefore) {
+			t.Errorf("%s: LastSync went back from %v to %v", p.name, lastBefore, last)
+		}
+		// The first failure is logged at V(0); on a slow machine it may be a
+		// round's timeout, and the refused connection a V(1) line after it.
+		if h.logs.count("", "connection refused") == 0 {
+			t.Errorf("%s: no log line tells the API server is unreachable; lines: %q", p.name, h.logs.all())
+		} else if got, ok := h.logs.find("error", "what=pod"); ok {
+			t.Logf("%s: operator sees: %s", p.name, got)
+		}
 	}
-	if age := time.Since(last); age < itStaleTTL {
-		t.Errorf("stale %v after the last sync, before the stale TTL %v", age, itStaleTTL)
-	}
-	if last.Before(lastBefore) {
-		t.Errorf("LastSync went back from %v to %v", lastBefore, last)
-	}
-	if got, ok := h.logs.find("error", "connection refused"); !ok {
-		t.Errorf("no log line tells the API server is unreachable; lines: %q", h.logs.all())
-	} else {
-		t.Logf("operator sees: %s", got)
+	// Down for twice the stale TTL more: had the claims been counted as unserved through the
+	// outage, the Pod with a claim would have lost its scope by now.
+	time.Sleep(2 * itStaleTTL)
+	for _, p := range homes {
+		if got := p.h.reasons(); len(got) != 0 {
+			t.Errorf("%s: an API server outage of %v lost the scope: %q", p.name, time.Since(stopped).Round(time.Second), got)
+		}
 	}
 
 	if err := cp.Restart(cp.Options()); err != nil {
 		t.Fatal(err)
 	}
-	itWaitFor(t, "the health to recover after the API server restarted", func() bool { return h.Health().Healthy() })
+	for _, p := range homes {
+		itWaitFor(t, p.name+": the health to recover after the API server restarted", p.h.Health().Healthy)
+		if got := p.h.reasons(); len(got) != 0 {
+			t.Errorf("%s: an API server outage lost the scope: %q", p.name, got)
+		}
+	}
+	env.DeleteResourceClaim(t, "gpu")
+	homes[1].h.waitLost(t, reasonClaimDeleted("gpu"))
+}
+
+// ----------------------------------------------------------------------------------- claim 404s
+
+// The resource.k8s.io version the home discovered at start stops being served under it: an
+// upgrade that drops it, the group switched off. A claim read then gets a 404 that is not the
+// claim's; the home asks discovery again and decides: it reads the claim at the version served
+// now, or counts the claims as not served, and never takes the 404 for a deleted claim. When the
+// version comes back, the claims are read again, and a real deletion still loses the scope.
+func TestIntegrationClaimVersionChangesUnderTheHome(t *testing.T) {
+	cp := kubeapi.Start(t, kubeapi.Options{})
+	env := cp.NewEnv(t)
+	env.CreateResourceClaim(t, "gpu")
+	pod := env.CreateGrantPod(t, kubeapi.GrantPod{Name: "grant", Claims: map[string]string{"gpu": "gpu"}})
+	var w itWire
+	// A stale TTL longer than the control plane's restarts: no claims count runs out here.
+	h := newITHome(t, env, pod, itHomeOpts{wire: &w, staleTTL: 2 * time.Minute})
+	itWaitStored(t, h)
+	claimReads := func(version string) int {
+		return w.count(http.MethodGet, "/apis/resource.k8s.io/"+version+"/namespaces/"+env.Namespace+"/resourceclaims/gpu")
+	}
+	itWaitFor(t, "a claim read at v1", func() bool { return claimReads("v1") > 0 })
+
+	restart := func(rc string) {
+		t.Helper()
+		if err := cp.Restart(kubeapi.Options{RuntimeConfig: rc}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	noLoss := func(when string) {
+		t.Helper()
+		if got := h.reasons(); len(got) != 0 {
+			t.Fatalf("%s: scope lost %q", when, got)
+		}
+	}
+
+	discoveries := func() int { return w.count(http.MethodGet, "/apis/resource.k8s.io") }
+
+	// An upgrade drops v1 and serves v1beta2: the same claim, read at v1beta2.
+	asked := discoveries()
+	restart("resource.k8s.io/v1=false,resource.k8s.io/v1beta2=true")
+	itWaitKept(t, h, "a claim read at v1beta2", func() bool { return claimReads("v1beta2") >= 3 })
+	noLoss("v1 no longer served, v1beta2 served")
+	if discoveries() == asked {
+		t.Error("no discovery request after the version went away")
+	}
+
+	// The group switched off: the claims are not served, which is no deletion.
+	asked = discoveries()
+	restart("resource.k8s.io/v1=false")
+	itWaitKept(t, h, "the home to find the group gone", func() bool {
+		return h.logs.count("", ErrNoResourceClaims.Error()) > 0 && discoveries() > asked+2
+	})
+	noLoss("resource.k8s.io switched off")
+	for _, l := range h.logs.all() {
+		if strings.Contains(l, ErrNoResourceClaims.Error()) {
+			t.Logf("operator sees: %s", l)
+			break
+		}
+	}
+
+	// Switched on again: read at v1 once more, and the claims' recovery logged.
+	before, recovered := claimReads("v1"), h.logs.count("info", "works again", "what=resource claims")
+	restart("resource.k8s.io/v1=true")
+	itWaitKept(t, h, "a claim read at v1 again", func() bool { return claimReads("v1") >= before+3 })
+	itWaitKept(t, h, "the claims readable again in the log", func() bool {
+		return h.logs.count("info", "works again", "what=resource claims") > recovered
+	})
+	noLoss("resource.k8s.io back")
+
+	env.DeleteResourceClaim(t, "gpu")
+	h.waitLost(t, reasonClaimDeleted("gpu"))
+}
+
+// A 404 from something in front of the API server, a proxy that does not know the claims' path,
+// is neither a deleted claim nor the group gone: the home says what answered, keeps the scope, and
+// sees the claim again once the proxy passes it on. A real deletion passes through the proxy as
+// the API server's own 404, naming the claim, and loses the scope.
+func TestIntegrationProxy404IsNoDeletedClaim(t *testing.T) {
+	env := kubeapi.NewEnv(t)
+	env.CreateResourceClaim(t, "gpu")
+	pod := env.CreateGrantPod(t, kubeapi.GrantPod{Name: "grant", Claims: map[string]string{"gpu": "gpu"}})
+
+	// The proxy holds the credentials, as `kubectl proxy` does, and answers a plain 404 for the
+	// claims' path while blocking is on.
+	upstream, err := url.Parse(env.CP.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr, err := rest.TransportFor(env.CP.Config())
+	if err != nil {
+		t.Fatal(err)
+	}
+	rp := httputil.NewSingleHostReverseProxy(upstream)
+	rp.Transport = tr
+	var blocking atomic.Bool
+	var blocked atomic.Int64
+	proxy := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if blocking.Load() && strings.Contains(r.URL.Path, "/resourceclaims/") {
+			blocked.Add(1)
+			http.NotFound(w, r)
+			return
+		}
+		rp.ServeHTTP(w, r)
+	}))
+	t.Cleanup(proxy.Close)
+
+	h := newITHome(t, env, pod, itHomeOpts{cfg: &rest.Config{Host: proxy.URL}, staleTTL: 2 * time.Minute})
+	itWaitStored(t, h)
+	blocking.Store(true)
+	itWaitKept(t, h, "claim reads answered 404 by the proxy", func() bool { return blocked.Load() >= 3 })
+	itWaitKept(t, h, "a log line saying what answered", func() bool { return h.logs.count("", "in front of the API server") > 0 })
+	if l, ok := h.logs.find("error", "what=resource claims"); ok {
+		t.Logf("operator sees: %s", l)
+	}
 	if got := h.reasons(); len(got) != 0 {
-		t.Errorf("an API server outage lost the scope: %q", got)
+		t.Fatalf("a proxy's 404 lost the scope: %q", got)
+	}
+
+	recovered := h.logs.count("info", "works again", "what=resource claims")
+	blocking.Store(false)
+	itWaitKept(t, h, "the claims readable again in the log", func() bool {
+		return h.logs.count("info", "works again", "what=resource claims") > recovered
+	})
+	env.DeleteResourceClaim(t, "gpu")
+	h.waitLost(t, reasonClaimDeleted("gpu"))
+	if got := h.reasons(); len(got) != 1 {
+		t.Errorf("delivered %q, want only the claim's deletion", got)
 	}
 }
 

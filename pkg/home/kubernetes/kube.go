@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"sync"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -24,7 +25,8 @@ var ErrNoResourceClaims = errors.New("the cluster serves no resource.k8s.io API"
 // it from a cluster, and fake.Kube from memory.
 //
 // A Pod, Namespace or ResourceClaim that does not exist is an error for
-// which apierrors.IsNotFound (k8s.io/apimachinery/pkg/api/errors) is true.
+// which apierrors.IsNotFound (k8s.io/apimachinery/pkg/api/errors) is true,
+// and only that: the home ends the Pod's scope on a claim's NotFound.
 type Kube interface {
 	// GetPod reads one Pod.
 	GetPod(ctx context.Context, namespace, name string) (*corev1.Pod, error)
@@ -55,6 +57,14 @@ var resourceVersions = []string{"v1", "v1beta2", "v1beta1"}
 // and v1beta1 the cluster serves. ctx bounds the discovery request. NewKube
 // fails when cfg is unusable or discovery fails for another reason than
 // the group being absent.
+//
+// The version is discovered again when a claim read gets a 404 that does
+// not name the claim, which is what a version or group no longer served
+// answers, and when none was served: GetResourceClaim then reads at the
+// version served now, returns ErrNoResourceClaims when there is none, and
+// an error that is no NotFound when the version is still served (something
+// in front of the API server answered). Only the API server's own NotFound
+// for the claim is NotFound.
 func NewKube(ctx context.Context, cfg *rest.Config) (Kube, error) {
 	if cfg == nil {
 		return nil, errors.New("kubernetes: NewKube: rest config is nil: build one with rest.InClusterConfig or clientcmd")
@@ -67,14 +77,12 @@ func NewKube(ctx context.Context, cfg *rest.Config) (Kube, error) {
 	if err != nil {
 		return nil, fmt.Errorf("kubernetes: metadata client for %s: %w", cfg.Host, err)
 	}
-	k := &kube{cs: cs, md: md}
-	version, err := discoverResourceVersion(ctx, cs.Discovery().RESTClient())
+	k := &kube{cs: cs, md: md, discovery: cs.Discovery().RESTClient()}
+	version, err := discoverResourceVersion(ctx, k.discovery)
 	if err != nil {
 		return nil, fmt.Errorf("kubernetes: discovering %s at %s: %w", resourceGroup, cfg.Host, err)
 	}
-	if version != "" {
-		k.claims = &schema.GroupVersionResource{Group: resourceGroup, Version: version, Resource: "resourceclaims"}
-	}
+	k.version = version
 	return k, nil
 }
 
@@ -107,9 +115,12 @@ func discoverResourceVersion(ctx context.Context, rc rest.Interface) (string, er
 
 // kube is Kube served by client-go.
 type kube struct {
-	cs     kubernetes.Interface
-	md     metadata.Interface
-	claims *schema.GroupVersionResource // nil: no resource.k8s.io
+	cs        kubernetes.Interface
+	md        metadata.Interface
+	discovery rest.Interface
+
+	mu      sync.Mutex
+	version string // the resource.k8s.io version claims are read at; "": none served
 }
 
 func (k *kube) GetPod(ctx context.Context, namespace, name string) (*corev1.Pod, error) {
@@ -120,11 +131,72 @@ func (k *kube) GetNamespace(ctx context.Context, name string) (*corev1.Namespace
 	return k.cs.CoreV1().Namespaces().Get(ctx, name, metav1.GetOptions{})
 }
 
+// GetResourceClaim reads the claim at the resource.k8s.io version last
+// discovered. NotFound means the claim does not exist, and nothing else
+// does: a 404 that does not name the claim (the plain answer to a path
+// nobody serves) is the version no longer served, or something in front of
+// the API server that does not know the path. Then it asks which version
+// the cluster serves now, and reads the claim there once; it returns
+// ErrNoResourceClaims when the cluster serves none of ours, and an error
+// saying what answered when it still serves the same one. Without a version
+// it asks the same way first, so a group switched on again is found.
 func (k *kube) GetResourceClaim(ctx context.Context, namespace, name string) (*metav1.PartialObjectMetadata, error) {
-	if k.claims == nil {
-		return nil, ErrNoResourceClaims
+	k.mu.Lock()
+	version := k.version
+	k.mu.Unlock()
+	if version != "" {
+		c, err := k.getClaim(ctx, version, namespace, name)
+		if !apierrors.IsNotFound(err) || claimNotFound(err, name) {
+			return c, err
+		}
 	}
-	return k.md.Resource(*k.claims).Namespace(namespace).Get(ctx, name, metav1.GetOptions{})
+	now, err := k.rediscover(ctx)
+	switch {
+	case err != nil:
+		return nil, fmt.Errorf("a 404 that does not name the claim, and asking which %s version is served failed: %w", resourceGroup, err)
+	case now == "":
+		return nil, ErrNoResourceClaims
+	case now != version:
+		c, err := k.getClaim(ctx, now, namespace, name)
+		if !apierrors.IsNotFound(err) || claimNotFound(err, name) {
+			return c, err
+		}
+	}
+	// Not a NotFound: the claim may well exist.
+	return nil, fmt.Errorf("GET %s/%s answered 404 without naming the claim, while the API server serves that version: something in front of the API server (a proxy?) does not know the path",
+		resourceGroup, now)
+}
+
+func (k *kube) getClaim(ctx context.Context, version, namespace, name string) (*metav1.PartialObjectMetadata, error) {
+	gvr := schema.GroupVersionResource{Group: resourceGroup, Version: version, Resource: "resourceclaims"}
+	return k.md.Resource(gvr).Namespace(namespace).Get(ctx, name, metav1.GetOptions{})
+}
+
+// rediscover asks the API server which resource.k8s.io version it serves
+// now, and reads claims there from now on.
+func (k *kube) rediscover(ctx context.Context) (string, error) {
+	version, err := discoverResourceVersion(ctx, k.discovery)
+	if err != nil {
+		return "", err
+	}
+	k.mu.Lock()
+	k.version = version
+	k.mu.Unlock()
+	return version, nil
+}
+
+// claimNotFound reports whether err is the API server's answer for a
+// ResourceClaim name that does not exist: a Status it sent, NotFound,
+// naming the claim. client-go makes a NotFound of any 404, with the
+// request's name in it; one built from a body that was no Status carries
+// the cause UnexpectedServerResponse.
+func claimNotFound(err error, name string) bool {
+	var se apierrors.APIStatus
+	if !apierrors.IsNotFound(err) || apierrors.IsUnexpectedServerError(err) || !errors.As(err, &se) {
+		return false
+	}
+	d := se.Status().Details
+	return d != nil && d.Name == name
 }
 
 func (k *kube) PatchPodStatus(ctx context.Context, namespace, name string, patch []byte) error {

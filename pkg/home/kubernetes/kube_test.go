@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -26,6 +27,19 @@ type apiServer struct {
 	versions []string // resource.k8s.io versions; nil: no group
 	seen     []string // "METHOD path content-type"
 	patch    []byte
+	// claimGone makes the claim gpu answer the 404 the API server gives
+	// for a missing object: a Status naming it.
+	claimGone bool
+	// front404 makes every claim path answer the plain 404 of something in
+	// front of the API server that does not know the path.
+	front404 bool
+}
+
+// set changes what s serves, under its lock.
+func (s *apiServer) set(fn func(s *apiServer)) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	fn(s)
 }
 
 func newAPIServer(t *testing.T, versions []string) *apiServer {
@@ -46,10 +60,30 @@ func newAPIServer(t *testing.T, versions []string) *apiServer {
 		if r.Method == http.MethodPatch {
 			s.patch = body
 		}
-		versions := s.versions
+		versions, claimGone, front404 := s.versions, s.claimGone, s.front404
 		s.mu.Unlock()
-		w.Header().Set("Content-Type", "application/json")
 		p := r.URL.Path
+		if version, ok := strings.CutPrefix(p, "/apis/resource.k8s.io/"); ok && strings.HasSuffix(p, "/resourceclaims/gpu") {
+			version, _, _ = strings.Cut(version, "/")
+			if front404 || !slices.Contains(versions, version) {
+				// What a proxy answers, and the API server too for a
+				// version it does not serve: no Status, no name.
+				http.NotFound(w, r)
+				return
+			}
+			if claimGone {
+				w.Header().Set("Content-Type", "application/json")
+				w.WriteHeader(http.StatusNotFound)
+				_ = json.NewEncoder(w).Encode(metav1.Status{
+					TypeMeta: metav1.TypeMeta{Kind: "Status", APIVersion: "v1"},
+					Status:   metav1.StatusFailure, Reason: metav1.StatusReasonNotFound, Code: http.StatusNotFound,
+					Message: `resourceclaims.resource.k8s.io "gpu" not found`,
+					Details: &metav1.StatusDetails{Name: "gpu", Group: "resource.k8s.io", Kind: "resourceclaims"},
+				})
+				return
+			}
+		}
+		w.Header().Set("Content-Type", "application/json")
 		switch {
 		case p == "/apis/resource.k8s.io":
 			if versions == nil {
@@ -177,5 +211,68 @@ func TestNewKubeFailsOnBrokenDiscovery(t *testing.T) {
 	}
 	if _, err := kubernetes.NewKube(t.Context(), nil); err == nil {
 		t.Fatal("NewKube(nil) succeeded")
+	}
+}
+
+// "A Pod, Namespace or ResourceClaim that does not exist is an error for
+// which apierrors.IsNotFound is true", and only then: a 404 that does not
+// name the claim is its path not served. GetResourceClaim then asks which
+// resource.k8s.io version the cluster serves now, and reads the claim there,
+// says ErrNoResourceClaims when it serves none, or says that something in
+// front of the API server answered for a path it does not know.
+func TestGetResourceClaimTellsAnUnservedPathFromADeletedClaim(t *testing.T) {
+	for _, tt := range []struct {
+		name   string
+		start  []string
+		change func(s *apiServer)
+		want   string // "claim", "not found", "no claims" or "in front"
+		last   string // the last request, "" for any
+	}{
+		{"claim deleted", []string{"v1"}, func(s *apiServer) { s.claimGone = true }, "not found", ""},
+		{"version dropped, another served", []string{"v1beta1"}, func(s *apiServer) { s.versions = []string{"v1"} }, "claim",
+			"GET /apis/resource.k8s.io/v1/namespaces/team-a/resourceclaims/gpu "},
+		{"group switched off", []string{"v1"}, func(s *apiServer) { s.versions = nil }, "no claims", "GET /apis/resource.k8s.io "},
+		{"group switched on", nil, func(s *apiServer) { s.versions = []string{"v1beta2"} }, "claim",
+			"GET /apis/resource.k8s.io/v1beta2/namespaces/team-a/resourceclaims/gpu "},
+		{"a proxy in front answers 404", []string{"v1"}, func(s *apiServer) { s.front404 = true }, "in front", "GET /apis/resource.k8s.io "},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			s := newAPIServer(t, tt.start)
+			k, err := kubernetes.NewKube(t.Context(), &rest.Config{Host: s.URL})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tt.start != nil {
+				if _, err := k.GetResourceClaim(t.Context(), testNS, "gpu"); err != nil {
+					t.Fatalf("GetResourceClaim before the change: %v", err)
+				}
+			}
+			s.set(tt.change)
+			c, err := k.GetResourceClaim(t.Context(), testNS, "gpu")
+			switch tt.want {
+			case "claim":
+				if err != nil || c.Name != "gpu" {
+					t.Fatalf("GetResourceClaim = %v, %v; want the claim, read at the version served now", c, err)
+				}
+			case "not found":
+				if !apierrors.IsNotFound(err) {
+					t.Fatalf("GetResourceClaim of a deleted claim = %v, want NotFound", err)
+				}
+			case "no claims":
+				if !errors.Is(err, kubernetes.ErrNoResourceClaims) || apierrors.IsNotFound(err) {
+					t.Fatalf("GetResourceClaim with the group gone = %v, want ErrNoResourceClaims and not NotFound", err)
+				}
+			case "in front":
+				if err == nil || apierrors.IsNotFound(err) || errors.Is(err, kubernetes.ErrNoResourceClaims) {
+					t.Fatalf("GetResourceClaim through a proxy answering 404 = %v, want an error that is neither NotFound nor ErrNoResourceClaims", err)
+				}
+				if !strings.Contains(err.Error(), "in front of the API server") {
+					t.Errorf("error %q does not say what answered", err)
+				}
+			}
+			if reqs := s.requests(); tt.last != "" && reqs[len(reqs)-1] != tt.last {
+				t.Fatalf("requests %q, want the last to be %q", reqs, tt.last)
+			}
+		})
 	}
 }

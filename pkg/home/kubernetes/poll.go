@@ -39,9 +39,11 @@ func (h *Home) pollLoop(ctx context.Context) {
 	}
 }
 
-// round is one poll round: the Pod, its Namespace, its ResourceClaims and
-// the key cache, all bounded by Poll. It is skipped while the override
-// pauses the polls.
+// round is one poll round: the Pod, its Namespace and, for the live Pod
+// just read, its ResourceClaims; then the repair of the readiness
+// condition. Everything in it is bounded by Poll, and it waits for nothing
+// else: not for a readiness patch in flight, whose condition a later round
+// repairs. It is skipped while the override pauses the polls.
 func (h *Home) round(ctx context.Context) {
 	if h.isPaused() {
 		return
@@ -50,13 +52,14 @@ func (h *Home) round(ctx context.Context) {
 	ctx, cancel := context.WithTimeout(ctx, h.cfg.Poll)
 	defer cancel()
 
-	lives := true
+	// live is the Pod just read when it is this Pod and not terminating:
+	// its claims are checked and its condition repaired.
+	var live *corev1.Pod
 	pod, err := h.kube.GetPod(ctx, h.cfg.PodNamespace, h.cfg.PodName)
 	switch {
 	case apierrors.IsNotFound(err):
 		h.noteErr("pod", nil)
 		h.lose(reasonPodDeleted)
-		lives = false
 	case err != nil:
 		h.noteErr("pod", fmt.Errorf("pod %s/%s: %w", h.cfg.PodNamespace, h.cfg.PodName, err))
 	case string(pod.UID) != h.cfg.PodUID:
@@ -64,16 +67,14 @@ func (h *Home) round(ctx context.Context) {
 		h.markSync()
 		h.log.Info("The Pod has another UID", "pod", h.cfg.PodNamespace+"/"+h.cfg.PodName, "uid", pod.UID, "want", h.cfg.PodUID)
 		h.lose(reasonPodReplaced)
-		lives = false
 	default:
 		h.noteErr("pod", nil)
 		h.markSync()
 		h.storePod(pod)
 		if pod.DeletionTimestamp != nil {
 			h.lose(reasonPodTerminating)
-			lives = false
 		} else {
-			h.repairCondition(ctx, pod)
+			live = pod
 		}
 	}
 
@@ -91,18 +92,25 @@ func (h *Home) round(ctx context.Context) {
 		}
 	}
 
-	if stored := h.storedPod(); lives && stored != nil {
-		h.checkClaims(ctx, now, podClaims(stored))
+	if live == nil {
+		// An API server that does not answer for the Pod is liveness, not
+		// scope: the claims are not read, and the count of how long they
+		// went unserved starts over (design decision 45). Claim reads that
+		// failed at the edges of an outage (a round cut in the middle, an
+		// API server that serves Pods before resource.k8s.io as it starts)
+		// do not add up across it.
+		h.mu.Lock()
+		h.claimsFailingSince = time.Time{}
+		h.mu.Unlock()
+		return
 	}
-
-	if h.cfg.Cache != nil {
-		err := h.cfg.Cache.Refresh(ctx)
-		h.noteErr("key cache", err)
-	}
+	h.checkClaims(ctx, now, podClaims(live))
+	h.repairCondition(ctx, live)
 }
 
 // checkClaims reads each claim the live Pod uses. A claim gone or being
-// deleted loses the scope; claims unreadable for StaleTTL in a row do too.
+// deleted loses the scope; claims unreadable for StaleTTL in a row of
+// rounds that each read the Pod lose it too.
 func (h *Home) checkClaims(ctx context.Context, now time.Time, names []string) {
 	var failed error
 	for _, name := range names {
@@ -130,6 +138,49 @@ func (h *Home) checkClaims(ctx context.Context, now time.Time, names []string) {
 	h.mu.Unlock()
 	if now.Sub(since) >= h.cfg.StaleTTL {
 		h.lose(reasonClaimsUnreadable)
+	}
+}
+
+// keyLoop refreshes the key cache when it is due, by the keys' own
+// lifetime (grant.Cache.RefreshIn): at once when the keys never loaded,
+// then at half of the cache's MaxStale after each load, and once per its
+// MinRefreshInterval while refreshes fail. An outage is logged when it
+// starts and when it ends. While the override pauses the polls it refreshes
+// nothing, and looks again every Poll.
+func (h *Home) keyLoop(ctx context.Context) {
+	for {
+		wait := h.cfg.Cache.RefreshIn()
+		if h.isPaused() {
+			wait = h.cfg.Poll
+		}
+		if wait > 0 {
+			if !h.sleepUntil(ctx, h.clk.Now().Add(wait)) {
+				return
+			}
+			continue // look again: a Key lookup may have refreshed meanwhile
+		}
+		err := h.cfg.Cache.Refresh(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		h.noteKeys(err)
+	}
+}
+
+// noteKeys logs a key refresh outage when it starts and when it ends, and
+// each failed retry in between at V(1).
+func (h *Home) noteKeys(err error) {
+	h.mu.Lock()
+	was := h.keysFailing
+	h.keysFailing = err != nil
+	h.mu.Unlock()
+	switch {
+	case err != nil && !was:
+		h.log.Error(err, "Refreshing the issuer's keys failed; the keys loaded before serve until they are too old, and the refresh is retried", "issuer", h.cfg.Cache.Issuer())
+	case err != nil:
+		h.log.V(1).Info("Refreshing the issuer's keys still fails", "issuer", h.cfg.Cache.Issuer(), "err", err.Error())
+	case was:
+		h.log.Info("Refreshing the issuer's keys works again", "issuer", h.cfg.Cache.Issuer())
 	}
 }
 

@@ -3,6 +3,7 @@ package kubernetes_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"sync/atomic"
 	"testing"
@@ -322,6 +323,63 @@ func TestScopeLostClaimsUnreadableForStaleTTL(t *testing.T) {
 			eventually(t, "claims unreadable", func() bool { return lost.count("resource claims unreadable") == 1 })
 		})
 	}
+}
+
+// "Control-plane liveness is the API server answering for the Pod": an
+// outage is staleness, for a Pod with claims as for one without. The claims
+// are the live Pod's, so they are read, and counted as not served, only in
+// rounds that read the Pod, and a round that cannot read it starts the
+// count over (design decision 45): an outage longer than the stale TTL
+// loses no scope, nor do claim reads that failed before it and fail again
+// after it; the stale TTL runs from the first round after it that reads
+// the Pod but not its claims.
+func TestOutageWithClaimsIsStalenessNotScopeLoss(t *testing.T) {
+	h, k, clk := newHome(t, func(c *kubernetes.Config) { c.StaleTTL = 10 * time.Second; c.Poll = 2 * time.Second })
+	k.SetPod(withClaim(newPod(), "gpu"))
+	k.SetResourceClaim(newClaim("gpu"))
+	var lost scopeLosses
+	h.OnScopeLost(lost.fn)
+	run(t, h)
+	rounds(t, k, 1)
+	down := errors.New("dial tcp 10.96.0.1:443: connect: connection refused")
+	// Round 2 (2s) reads the Pod but not its claim: the count starts.
+	k.Fail(fake.GetResourceClaim, down)
+	tick(t, clk, 2*time.Second)
+	rounds(t, k, 2)
+	// Rounds 3 to 12 (4s to 22s): nothing answers, for twice the stale TTL.
+	k.Fail(fake.GetPod, down)
+	k.Fail(fake.GetNamespace, down)
+	for i := 3; i <= 12; i++ {
+		tick(t, clk, 2*time.Second)
+		eventually(t, fmt.Sprintf("round %d", i), func() bool { return k.Calls(fake.GetNamespace) >= i })
+	}
+	settle()
+	if h.Health().Healthy() {
+		t.Fatal("healthy through an outage longer than the stale TTL")
+	}
+	if got := lost.get(); len(got) != 0 {
+		t.Fatalf("an API server outage lost the scope: %q", got)
+	}
+	if n := k.Calls(fake.GetResourceClaim); n != 2 {
+		t.Fatalf("%d claim reads, want only rounds 1 and 2's: the claims are read for a Pod just read", n)
+	}
+
+	// The API server answers for the Pod again, but not for its claims: the
+	// count starts over with round 13 (24s), not with round 2.
+	k.Fail(fake.GetPod, nil)
+	k.Fail(fake.GetNamespace, nil)
+	for i := 13; i <= 17; i++ { // 24s to 32s: 8s of claims not served
+		tick(t, clk, 2*time.Second)
+		eventually(t, fmt.Sprintf("round %d's claim read", i), func() bool {
+			return k.Calls(fake.GetNamespace) >= i && k.Calls(fake.GetResourceClaim) >= i-10
+		})
+	}
+	settle()
+	if got := lost.get(); len(got) != 0 {
+		t.Fatalf("scope lost %q with the claims unserved for less than the stale TTL since the outage", got)
+	}
+	tick(t, clk, 2*time.Second) // 34s: 10s since round 13
+	eventually(t, "claims unreadable", func() bool { return lost.count("resource claims unreadable") == 1 })
 }
 
 // A Pod without claims loses nothing when the cluster serves no claims.

@@ -15,24 +15,28 @@ import (
 // The condition is PodConditionZygoteReady, True with ReasonTemplateWarm
 // or False with ReasonNoWarmTemplate, and a message naming the grant. It is
 // sent as one strategic merge patch of the Pod's status, and only when the
-// answer flips. A failed patch is returned, and the record stands: the
-// next poll round that finds the condition disagreeing with Ready patches
-// again.
+// answer flips. The patch, and the wait for one still in flight, are
+// bounded by ctx and by Poll, like every request of a poll round, so a
+// caller whose context has no deadline is not held by a slow API server. A
+// failed or unsent patch is returned, and the record stands: the next poll
+// round that finds the condition disagreeing with Ready patches again.
 func (h *Home) PublishReady(ctx context.Context, grantUID string, ready bool) error {
-	h.patchMu.Lock()
-	defer h.patchMu.Unlock()
-	h.mu.Lock()
-	before := len(h.warm) > 0
-	if ready {
-		h.warm[grantUID] = true
-	} else {
-		delete(h.warm, grantUID)
-	}
-	after := len(h.warm) > 0
-	h.mu.Unlock()
-	if before == after {
+	ctx, cancel := context.WithTimeout(ctx, h.cfg.Poll)
+	defer cancel()
+	select {
+	case h.patching <- struct{}{}:
+		defer func() { <-h.patching }()
+	case <-ctx.Done():
+		if h.record(grantUID, ready) {
+			return fmt.Errorf("pod %s/%s: condition %s not patched: the patch before it is still in flight after %v: %w",
+				h.cfg.PodNamespace, h.cfg.PodName, PodConditionZygoteReady, h.cfg.Poll, context.Cause(ctx))
+		}
 		return nil
 	}
+	if !h.record(grantUID, ready) {
+		return nil
+	}
+	after := h.Ready()
 	msg := fmt.Sprintf("grant %s has a warm template", grantUID)
 	if !after {
 		msg = fmt.Sprintf("no grant has a warm template: grant %s went cold", grantUID)
@@ -42,6 +46,20 @@ func (h *Home) PublishReady(ctx context.Context, grantUID string, ready bool) er
 	}
 	h.log.Info("Published the Pod's readiness", "condition", PodConditionZygoteReady, "ready", after, "grant", grantUID)
 	return nil
+}
+
+// record marks grantUID's template warm or cold, and reports whether that
+// flipped "any template is warm".
+func (h *Home) record(grantUID string, ready bool) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	before := len(h.warm) > 0
+	if ready {
+		h.warm[grantUID] = true
+	} else {
+		delete(h.warm, grantUID)
+	}
+	return before != (len(h.warm) > 0)
 }
 
 // Ready reports whether any grant's template is warm, which is what the
@@ -54,22 +72,37 @@ func (h *Home) Ready() bool {
 
 // repairCondition patches the condition again when pod, just read, shows
 // it disagreeing with Ready: a patch that failed, or another writer. A Pod
-// without the condition agrees with not ready.
+// without the condition agrees with not ready. While a patch is in flight
+// it does nothing: that patch carries the state, and if it fails a later
+// round repairs it.
 func (h *Home) repairCondition(ctx context.Context, pod *corev1.Pod) {
-	h.patchMu.Lock()
-	defer h.patchMu.Unlock()
-	ready := h.Ready() // PublishReady changes the warm set only under patchMu
 	shown := corev1.ConditionFalse
 	for _, c := range pod.Status.Conditions {
 		if c.Type == PodConditionZygoteReady {
 			shown = c.Status
 		}
 	}
-	want := corev1.ConditionFalse
-	if ready {
-		want = corev1.ConditionTrue
+	agrees := func(ready bool) bool {
+		if ready {
+			return shown == corev1.ConditionTrue
+		}
+		return shown == corev1.ConditionFalse
 	}
-	if shown == want {
+	if agrees(h.Ready()) {
+		return
+	}
+	select {
+	case h.patching <- struct{}{}:
+		defer func() { <-h.patching }()
+	default:
+		h.log.V(1).Info("A readiness patch is in flight; the condition is checked again next poll", "condition", PodConditionZygoteReady)
+		return
+	}
+	// Asked again while holding patching, under which PublishReady records
+	// (unless its wait for patching timed out: a change recorded so is
+	// repaired by the next round).
+	ready := h.Ready()
+	if agrees(ready) {
 		return
 	}
 	msg := "no grant has a warm template"

@@ -193,3 +193,114 @@ func TestNoConditionAgreesWithNotReady(t *testing.T) {
 		t.Fatalf("%d patches for a home that never was ready", n)
 	}
 }
+
+// Poll: "It is also how long one round may take." A readiness patch that
+// hangs (the agent's context has no deadline) holds up no poll round: the
+// Pod, its Namespace and its claims are read every Poll, the health stays
+// in sync for longer than the stale TTL, the repair waits for a later
+// round, and Run returns when its context ends while the patch still
+// hangs.
+func TestHangingPatchHoldsUpNoRound(t *testing.T) {
+	h, k, clk := newHome(t, func(c *kubernetes.Config) { c.StaleTTL = 10 * time.Second; c.Poll = 2 * time.Second })
+	k.SetPod(withClaim(newPod(), "gpu"))
+	k.SetResourceClaim(newClaim("gpu"))
+	entered := make(chan struct{}, 16)
+	release := make(chan struct{})
+	k.Intercept(fake.PatchPodStatus, func(context.Context, string, string) error {
+		entered <- struct{}{}
+		<-release // a write stuck on the wire, whatever its context says
+		return errors.New("stuck write released by the test")
+	})
+	published := make(chan error, 1)
+	t.Cleanup(func() {
+		close(release)
+		<-published
+	})
+	stop := run(t, h)
+	rounds(t, k, 1)
+	go func() { published <- h.PublishReady(context.Background(), "grant-a", true) }()
+	<-entered
+	for i := 2; i <= 8; i++ { // 14s of rounds: beyond the 10s stale TTL
+		tick(t, clk, 2*time.Second)
+		rounds(t, k, i)
+	}
+	if !h.Health().Healthy() {
+		t.Fatal("stale although every round read the Pod")
+	}
+	if got := h.Health().LastSync(); !got.Equal(epoch.Add(14 * time.Second)) {
+		t.Fatalf("LastSync = %v, want the eighth round's %v", got, epoch.Add(14*time.Second))
+	}
+	if n := k.Calls(fake.PatchPodStatus); n != 1 {
+		t.Fatalf("%d patches; a round must not start a repair while a patch is in flight", n)
+	}
+	stopped := make(chan struct{})
+	go func() { stop(); close(stopped) }()
+	select {
+	case <-stopped:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Run did not return while a readiness patch hangs")
+	}
+}
+
+// PublishReady: a readiness write is bounded by Poll, like every read of a
+// round, whatever the caller's context; so is its wait for a write still in
+// flight. The failure is returned, and the record stands.
+func TestPublishReadyIsBoundedByPoll(t *testing.T) {
+	const poll = 100 * time.Millisecond // real time: the bound is I/O time
+	t.Run("the patch", func(t *testing.T) {
+		h, k, _ := newHome(t, func(c *kubernetes.Config) { c.StaleTTL = 4 * poll; c.Poll = poll })
+		deadline := make(chan time.Duration, 1)
+		k.Intercept(fake.PatchPodStatus, func(ctx context.Context, _, _ string) error {
+			dl, ok := ctx.Deadline()
+			if !ok {
+				dl = time.Now().Add(time.Hour)
+			}
+			deadline <- time.Until(dl)
+			<-ctx.Done() // an API server that never answers
+			return ctx.Err()
+		})
+		done := make(chan error, 1)
+		go func() { done <- h.PublishReady(context.Background(), "grant-a", true) }()
+		if left := <-deadline; left > poll {
+			t.Fatalf("the patch's context ends in %v, want at most Poll (%v)", left, poll)
+		}
+		select {
+		case err := <-done:
+			if err == nil {
+				t.Fatal("PublishReady reported a patch that never landed as done")
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("PublishReady still waits on a patch that never answers")
+		}
+		if !h.Ready() {
+			t.Fatal("Ready() is false after a failed patch; the record must stand")
+		}
+	})
+	t.Run("the wait for a patch in flight", func(t *testing.T) {
+		h, k, _ := newHome(t, func(c *kubernetes.Config) { c.StaleTTL = 4 * poll; c.Poll = poll })
+		entered := make(chan struct{}, 4)
+		release := make(chan struct{})
+		k.Intercept(fake.PatchPodStatus, func(context.Context, string, string) error {
+			entered <- struct{}{}
+			<-release
+			return errors.New("stuck write released by the test")
+		})
+		first := make(chan error, 1)
+		go func() { first <- h.PublishReady(context.Background(), "grant-a", true) }()
+		t.Cleanup(func() {
+			close(release)
+			<-first
+		})
+		<-entered
+		second := make(chan error, 1)
+		go func() { second <- h.PublishReady(context.Background(), "grant-a", false) }()
+		select {
+		case err := <-second:
+			if err == nil {
+				t.Fatal("PublishReady reported a patch it could not send as done")
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("PublishReady waits without bound for the patch in flight")
+		}
+	})
+}

@@ -14,7 +14,10 @@
 // terminating object), and no RBAC. PatchPodStatus understands strategic
 // merge patches only and, like the status subresource, keeps only the
 // patched status. ResourceClaims are metadata alone, at no particular API
-// version.
+// version: a version that stops being served, and the rediscovery NewKube's
+// Kube does then, are not modelled (SetNoResourceClaims is the cluster
+// serving none), so those are tested against NewKube, with an httptest API
+// server and with the real one.
 //
 // Only tests import it; it imports pkg/home/kubernetes for the Kube
 // interface and ErrNoResourceClaims.
