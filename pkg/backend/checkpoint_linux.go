@@ -234,7 +234,7 @@ func (p *Proc) Park(ctx context.Context, req ParkRequest) (img Image, err error)
 		logPath := filepath.Join(tmp, "dump.log")
 		err := criuFailure("dump", rerr, logPath, filepath.Dir(req.Dir), false)
 		if m.Network == "unix" && logHas(logPath, "External socket is used", "Can't dump half of stream unix connection") {
-			err = fmt.Errorf("a connection to its unix listener is open or waiting to be accepted, and CRIU cannot park one end of a unix connection: park it once it is idle: %w", err)
+			err = fmt.Errorf("a connection to its unix listener is open or waiting to be accepted, and CRIU cannot park one end of a unix connection: park it once it is idle: %w (%w)", ErrBusy, err)
 		}
 		if len(out) > 0 {
 			err = fmt.Errorf("%w; output: %s", err, lastLines(out, 2))

@@ -336,8 +336,8 @@ func TestParkDiskFull(t *testing.T) {
 	})
 	dir := filepath.Join(mnt, "img")
 	_, err := p.Park(ctxT(t), ParkRequest{Fence: f.Fence, Dir: dir, Template: testTemplate})
-	if err == nil || !strings.Contains(err.Error(), "no space left on device") {
-		t.Fatalf("Park into a full tmpfs = %v, want an error saying no space is left", err)
+	if err == nil || !strings.Contains(err.Error(), "no space left on device") || !errors.Is(err, ErrNoSpace) {
+		t.Fatalf("Park into a full tmpfs = %v, want an error saying no space is left (ErrNoSpace)", err)
 	}
 	t.Logf("Park: %v", err)
 	if ents, _ := os.ReadDir(mnt); len(ents) != 0 {
@@ -855,7 +855,7 @@ func TestParkOpenConnections(t *testing.T) {
 			dir := filepath.Join(t.TempDir(), "img")
 			_, err = p.Park(ctxT(t), ParkRequest{Fence: f.Fence, Dir: dir, Template: testTemplate})
 			if unixSock {
-				if err == nil || !strings.Contains(err.Error(), "unix listener is open or waiting") {
+				if err == nil || !strings.Contains(err.Error(), "unix listener is open or waiting") || !errors.Is(err, ErrBusy) {
 					t.Fatalf("Park with a unix connection open = %v, want a refusal saying so", err)
 				}
 				io.WriteString(c, "\r\n")
