@@ -301,6 +301,7 @@ func (p *Proc) closeCheckpoint(ctx context.Context) error {
 	started := c.started
 	c.wakeLocked()
 	c.mu.Unlock()
+	defer c.spawn.close() // after every resumed fiber: its thread is their parent
 	if !started {
 		return nil
 	}
