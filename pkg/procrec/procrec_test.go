@@ -230,8 +230,8 @@ func TestSweepRestoreRecord(t *testing.T) {
 		pid   int
 		after uint64
 	}{
-		{restored.pid, restored.start},         // started at the tick: ended
-		{earlier.pid, earlier.start + 1},       // started before: left alone
+		{restored.pid, restored.start},        // started at the tick: ended
+		{earlier.pid, earlier.start + 1},      // started before: left alone
 		{notLeader.Process.Pid, nlStat.Start}, // leads no session: left alone
 	} {
 		if _, err := d.AddRestoring(r.pid, r.after); err != nil {
