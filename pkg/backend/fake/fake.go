@@ -22,6 +22,10 @@ type Hooks struct {
 	Clone func(ctx context.Context, req backend.CloneRequest) error
 	Kill  func(ctx context.Context, fence core.Fence) error
 	Stop  func(ctx context.Context, grantUID string) error
+	// Park and Resume run first in the checkpoint methods (checkpoint.go),
+	// once EnableCheckpoint has made them available.
+	Park   func(ctx context.Context, req backend.ParkRequest) error
+	Resume func(ctx context.Context, req backend.ResumeRequest) error
 }
 
 // Backend is the fake. New returns one; it is safe for concurrent use.
@@ -46,6 +50,9 @@ type Backend struct {
 	exits   chan backend.Exit
 	done    chan struct{}
 	stopped chan struct{}
+
+	// ck is the checkpoint state (checkpoint.go); guarded by mu.
+	ck checkpoints
 }
 
 // New returns a fake backend serving tier (core.TierWarm like the proc
