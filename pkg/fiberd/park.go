@@ -141,6 +141,9 @@ type parkState struct {
 	// dir is StateDir/private/parked: one directory of images per grant.
 	dir string
 	m   *parkMetrics
+	// size is a fiber's size for a pressure park: fiberSize, replaced by
+	// tests before Run.
+	size func(h *fiberHandle) (int64, error)
 }
 
 // parkedSession is one parked session on its grant's slot.
@@ -161,6 +164,7 @@ type parkedSession struct {
 // park metrics.
 func (a *Agent) initPark(ctx context.Context, private string) error {
 	a.park.dir = filepath.Join(private, "parked")
+	a.park.size = a.fiberSize
 	if err := os.RemoveAll(a.park.dir); err != nil {
 		return fmt.Errorf("fiberd: parked images of the previous run in %s: %w", a.park.dir, err)
 	}

@@ -62,10 +62,9 @@ func (a *Agent) parkForPressure(ctx context.Context, s *slot, session string) bo
 func (a *Agent) idleFibers(uid, skip string) []core.Fiber {
 	now := a.cfg.Clock.Now()
 	var (
-		out      []core.Fiber
-		size     = map[core.Fence]int64{}
-		sessions map[int][]int
-		conns    *openConns
+		out   []core.Fiber
+		size  = map[core.Fence]int64{}
+		conns *openConns
 	)
 	for _, gs := range a.ledger.Snapshot() {
 		if gs.Grant.UID != uid {
@@ -89,16 +88,7 @@ func (a *Agent) idleFibers(uid, skip string) []core.Fiber {
 			if conns.has(h) {
 				continue
 			}
-			var pids []int
-			if h.leaf != "" {
-				pids, _ = cgroup.At(h.leaf).Procs()
-			} else {
-				if sessions == nil {
-					sessions = sessionMembers()
-				}
-				pids = sessions[h.pid]
-			}
-			n, err := a.measure(pids)
+			n, err := a.park.size(h)
 			if err != nil {
 				continue
 			}
@@ -108,6 +98,18 @@ func (a *Agent) idleFibers(uid, skip string) []core.Fiber {
 	}
 	sort.SliceStable(out, func(i, j int) bool { return size[out[i].Fence] > size[out[j].Fence] })
 	return out
+}
+
+// fiberSize is the private dirty memory of fiber h's processes (its leaf's,
+// or its session's without a leaf), as the W budget measures it.
+func (a *Agent) fiberSize(h *fiberHandle) (int64, error) {
+	var pids []int
+	if h.leaf != "" {
+		pids, _ = cgroup.At(h.leaf).Procs()
+	} else {
+		pids = sessionMembers()[h.pid]
+	}
+	return a.measure(pids)
 }
 
 // openConns is what readOpenConns found: the local TCP ports with a

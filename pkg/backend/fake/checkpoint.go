@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"sort"
@@ -21,12 +22,47 @@ type checkpoints struct {
 	images map[string]fakeImage // by image directory
 	parks  int
 	resums int
+	// listeners are the running fibers' listeners, [network, address]:
+	// Park records them in the image, as the proc backend does.
+	listeners map[core.Fence][2]string
+}
+
+// noteListener records fiber f's listener. The caller holds b.mu.
+func (c *checkpoints) noteListener(f core.Fence, network, addr string) {
+	if c.listeners == nil {
+		c.listeners = map[core.Fence][2]string{}
+	}
+	c.listeners[f] = [2]string{network, addr}
+}
+
+// listenerAddr is the network ("tcp" or "unix") and address of a
+// listening socket, empty when f is none.
+func listenerAddr(f *os.File) (network, addr string) {
+	if f == nil {
+		return "", ""
+	}
+	l, err := net.FileListener(f)
+	if err != nil {
+		return "", ""
+	}
+	defer l.Close()
+	if ul, ok := l.(*net.UnixListener); ok {
+		ul.SetUnlinkOnClose(false)
+	}
+	switch a := l.Addr().(type) {
+	case *net.TCPAddr:
+		return "tcp", a.String()
+	case *net.UnixAddr:
+		return "unix", a.Name
+	}
+	return "", ""
 }
 
 // fakeImage is what the fake remembers of an image it wrote.
 type fakeImage struct {
 	fence    core.Fence
 	template string
+	network  string // the listener's, "" for none
 }
 
 // imageFile is the one file of a fake image.
@@ -93,10 +129,12 @@ func (b *Backend) Park(ctx context.Context, req backend.ParkRequest) (backend.Im
 		return backend.Image{}, fmt.Errorf("fiber %s: park: %w", req.Fence, err)
 	}
 	delete(b.fibers, req.Fence)
-	b.ck.images[req.Dir] = fakeImage{fence: req.Fence, template: req.Template}
+	ln := b.ck.listeners[req.Fence]
+	delete(b.ck.listeners, req.Fence)
+	b.ck.images[req.Dir] = fakeImage{fence: req.Fence, template: req.Template, network: ln[0]}
 	b.ck.parks++
 	b.pushLocked(backend.Exit{GrantUID: req.Fence.GrantUID, Fence: req.Fence, Reason: backend.ExitReason{Parked: true}})
-	return backend.Image{Dir: req.Dir, Bytes: b.ck.bytes, OwnBytes: b.ck.bytes / 2}, nil
+	return backend.Image{Dir: req.Dir, Bytes: b.ck.bytes, OwnBytes: b.ck.bytes / 2, Network: ln[0], Addr: ln[1]}, nil
 }
 
 // Resume brings an image Park wrote back as running fiber req.Fence. It
@@ -133,7 +171,12 @@ func (b *Backend) Resume(ctx context.Context, req backend.ResumeRequest) (backen
 	if _, ok := b.fibers[f]; ok {
 		return backend.Resumed{}, fmt.Errorf("fiber %s: already running: %w", f, core.ErrInvalid)
 	}
+	network, addr := listenerAddr(req.Listener)
+	if img.network == "unix" && network != "unix" {
+		return backend.Resumed{}, fmt.Errorf("fiber %s: resume: the image's listener is a unix socket; Listener is %q: %w", f, network, core.ErrInvalid)
+	}
 	b.fibers[f] = backend.CloneRequest{Fence: f, Leaf: req.Leaf}
+	b.ck.noteListener(f, network, addr)
 	b.pid++
 	b.ck.resums++
 	return backend.Resumed{Fiber: backend.Fiber{Fence: f, PID: b.pid, Isolation: b.levels[f.GrantUID]}, Listener: req.Listener}, nil

@@ -191,6 +191,7 @@ func (b *Backend) Clone(ctx context.Context, req backend.CloneRequest) (backend.
 	if err := ctx.Err(); err != nil {
 		return backend.Fiber{}, fmt.Errorf("fiber %s: %w", f, err)
 	}
+	network, addr := listenerAddr(req.Listener)
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if _, ok := b.warm[f.GrantUID]; !ok || b.cold[f.GrantUID] || b.closed {
@@ -201,6 +202,7 @@ func (b *Backend) Clone(ctx context.Context, req backend.CloneRequest) (backend.
 	}
 	req.Listener = nil // not kept: the caller closes its copy
 	b.fibers[f] = req
+	b.ck.noteListener(f, network, addr)
 	b.pid++
 	b.clones++
 	return backend.Fiber{Fence: f, PID: b.pid, Isolation: b.levels[f.GrantUID]}, nil
