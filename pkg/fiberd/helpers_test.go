@@ -190,8 +190,8 @@ type env struct {
 	stop     func()
 	runErr   chan error
 	stateDir string
-	pressure pressureReader             // replaces the agent's readPressure when set
-	measure  func([]int) (int64, error) // replaces the agent's measure when set
+	pressure pressureReader                    // replaces the agent's readPressure when set
+	measure  func([]int) (int64, error)        // replaces the agent's measure when set
 	parkSize func(*fiberHandle) (int64, error) // replaces the agent's park.size when set
 }
 
