@@ -402,6 +402,12 @@ poll:
 		fmt.Fprintf(tw, "    %s\t%s\t%s\t%s\n", g.UID, g.Template, tier, state)
 	}
 	tw.Flush()
+	ck := agent.Checkpoint()
+	if ck.Available {
+		fmt.Fprintln(stdout, "  parking    on: a fiber cloned with -session can be parked to disk (fiberctl park); a clone of its session resumes it")
+	} else {
+		fmt.Fprintf(stdout, "  parking    off: %s\n", ck.Reason)
+	}
 	fmt.Fprintln(stdout, "\nNext, from the checkout in another terminal:")
 	first := d.grants[0]
 	for _, g := range d.grants {
@@ -420,6 +426,9 @@ poll:
 	fmt.Fprintf(stdout, "  go run ./cmd/fiberctl -addr %s status\n", ctl)
 	fmt.Fprintln(stdout, "  curl <the endpoint clone printed>")
 	fmt.Fprintf(stdout, "  go run ./cmd/fiberctl -addr %s release <the fiber clone printed>\n", ctl)
+	if ck.Available && first.Warm {
+		fmt.Fprintf(stdout, "  go run ./cmd/fiberctl -addr %s clone -grant-uid %s -session demo   # then park <its fiber>, and clone -session demo again\n", ctl, first.UID)
+	}
 	if tcp := addrString(agent); tcp != "" && ctl != tcp {
 		fmt.Fprintf(stdout, "Over %s (plaintext) status shows counts only, and release needs -key <the key clone printed>.\n", tcp)
 	}

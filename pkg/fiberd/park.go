@@ -198,6 +198,11 @@ func (a *Agent) initPark(ctx context.Context, private string) error {
 	return nil
 }
 
+// Checkpoint says whether this agent can park fibers (the CHECKPOINT tier)
+// and, when not, what is missing; found once by New. cmd/fiberd -dev says
+// it at start.
+func (a *Agent) Checkpoint() api.Checkpoint { return a.checkpointStatus() }
+
 // checkpointStatus is the CHECKPOINT tier's state for the status.
 func (a *Agent) checkpointStatus() api.Checkpoint {
 	if a.park.ck != nil {
