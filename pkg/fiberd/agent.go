@@ -467,6 +467,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		}
 	}
 	yields.Wait()
+	a.park.bg.Wait() // the deletions of spent images
 	for _, b := range a.backends() {
 		if err := b.Close(); err != nil {
 			a.log.Error(err, "Closing a backend", "tier", b.Tier())

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strconv"
+	"sync"
 	"time"
 
 	"fiberd.io/fiberd/pkg/api"
@@ -144,6 +145,9 @@ type parkState struct {
 	// size is a fiber's size for a pressure park: fiberSize, replaced by
 	// tests before Run.
 	size func(h *fiberHandle) (int64, error)
+	// bg runs the deletions of spent images, off the resume's path; Run
+	// waits for it before it returns.
+	bg sync.WaitGroup
 }
 
 // parkedSession is one parked session on its grant's slot.
@@ -571,7 +575,10 @@ func (a *Agent) resume(ctx context.Context, res *core.Reservation, v slotView, s
 		return api.CloneResponse{}, a.miss(cerr)
 	}
 	p.port = 0 // the fiber's now
-	a.deleteParked(p, "resumed")
+	// Unlinking an image of tens of MiB takes milliseconds: not on the
+	// resumed fiber's path to its caller.
+	dir := p.image.Dir
+	a.park.bg.Go(func() { a.removeImage(dir, "resumed") })
 	a.log.V(1).Info("Session resumed", "fiber", fence.String(), "session", p.session, "parkedAs", p.fence.String())
 	a.notify()
 	return api.CloneResponse{FiberID: fence.String(), Endpoint: url, Fence: fence, Kind: api.KindResume}, nil

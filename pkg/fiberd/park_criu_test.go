@@ -154,9 +154,7 @@ func TestParkResumeWithCRIU(t *testing.T) {
 				if n != want {
 					t.Fatalf("resumed fiber counted %d, want %d: its memory was not kept", n, want)
 				}
-				if imgs := e.images(); len(imgs) != 0 {
-					t.Fatalf("images after the resume: %v", imgs)
-				}
+				e.eventually("the spent image deleted", func() bool { return len(e.images()) == 0 })
 				f, pid = res, rpid
 			}
 			if r := e.post(e.unix, "/v1/release", api.FiberRequest{FiberID: f.FiberID}); r.status != 200 {

@@ -170,9 +170,7 @@ func TestParkAndResume(t *testing.T) {
 	if _, path, _ := endpoint.Parse(res.Endpoint); !isSocket(path) {
 		t.Errorf("the resumed fiber's endpoint %s is no socket", res.Endpoint)
 	}
-	if imgs := e.images(); len(imgs) != 0 {
-		t.Fatalf("images after the resume: %v", imgs)
-	}
+	e.eventually("the spent image deleted", func() bool { return len(e.images()) == 0 })
 	if g := e.grantStatus(uid); g.Running != 1 || g.Parked != 0 {
 		t.Fatalf("status after the resume: running %d parked %d", g.Running, g.Parked)
 	}
