@@ -144,9 +144,9 @@ func sampleResult() Result {
 			modeExecC:  {Measured: false, Note: "no cc"},
 			modePod:    {Measured: false, Note: "kube-apiserver not run"},
 		}),
-		Burst:     []BurstRow{{Mode: modeWarmC, Measured: true, Size: 50, Rounds: 2, AllServed: warm, PerFiber: warm}},
-		Loop:      []LoopRow{{Mode: modeWarmC, Measured: true, Concurrency: 4, PerSecond: 321.5, Cycle: warm}},
-		Density:   []DensityRow{{Template: "counter C", Measured: true, N: 10, WarmMiB: 20, ColdMiB: 100, WarmProcs: 11, ColdProcs: 10, Ratio: 5}},
+		Burst:   []BurstRow{{Mode: modeWarmC, Measured: true, Size: 50, Rounds: 2, AllServed: warm, PerFiber: warm}},
+		Loop:    []LoopRow{{Mode: modeWarmC, Measured: true, Concurrency: 4, PerSecond: 321.5, Cycle: warm}},
+		Density: []DensityRow{{Template: "counter C", Measured: true, N: 10, WarmMiB: 20, ColdMiB: 100, WarmProcs: 11, ColdProcs: 10, Ratio: 5}},
 		Park: []ParkRow{
 			{Case: "C, 16 MiB of its own", Measured: true, Clone: Summarize([]float64{1, 2}), Park: Summarize([]float64{20, 40}),
 				Resume: Summarize([]float64{30, 31}), ImageMiB: 17.5, OwnMiB: 16.1, ParkTarget: 30, ResumeTarget: 25},

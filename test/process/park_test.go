@@ -117,7 +117,10 @@ func killMidCheckpoint(t *testing.T, root, bin, state, cgroupRoot, criu, moment 
 		if _, err := c.Park(ctx, f.FiberID); err != nil {
 			t.Fatalf("park: %v", err)
 		}
-		go func() { _, err := c.Clone(ctx, api.CloneRequest{GrantUID: uids["counter-c"], Session: "s"}); done <- err }()
+		go func() {
+			_, err := c.Clone(ctx, api.CloneRequest{GrantUID: uids["counter-c"], Session: "s"})
+			done <- err
+		}()
 	}
 	criuPID := 0
 	for deadline := time.Now().Add(30 * time.Second); criuPID == 0 && time.Now().Before(deadline); time.Sleep(time.Millisecond) {
