@@ -282,7 +282,7 @@ func (a *Agent) bumpEpoch(ctx context.Context, reason string) uint64 {
 		a.releaseFiber(ctx, f)
 	}
 	a.dropAllParked("epoch")
-	a.log.Info("Epoch bumped; every running fiber released and every parked session deleted", "epoch", n, "reason", reason, "fibers", len(fibers))
+	a.log.Info("Epoch bumped; every running fiber released", "epoch", n, "reason", reason, "fibers", len(fibers))
 	a.notify()
 	return n
 }
