@@ -282,7 +282,10 @@ func (a *Agent) parkFiber(ctx context.Context, f core.Fiber, by string, try bool
 	}
 	if t := a.tierOf(h.backend, uid); t != core.TierCheckpoint {
 		why := a.park.why
-		if a.park.ck != nil {
+		switch {
+		case h.backend != a.cfg.Warm:
+			why = errors.New("only fibers forked from a zygote (a template with \"zygote\": true) can be parked; this one was started by fork+exec")
+		case a.park.ck != nil:
 			why = fmt.Errorf("its grant runs at isolation %q, whose fibers CRIU cannot park", h.backend.GrantIsolation(uid))
 		}
 		return resp, &tierGap{fence: fence, tier: t, why: why}
@@ -349,10 +352,14 @@ func (a *Agent) parkFiber(ctx context.Context, f core.Fiber, by string, try bool
 	}
 	p := &parkedSession{session: fiber.Session, fence: fence, image: img, template: tmpl, endpoint: fiber.Endpoint, at: a.cfg.Clock.Now(), by: by}
 	if fh, ok := fiber.Handle.(*fiberHandle); ok {
-		// The port stays held for the resume, which binds it again.
-		p.port, fh.port = fh.port, 0
+		// The port stays held for the resume, which binds it again; a unix
+		// socket file is freed (the resume binds a new one). The handle is
+		// not changed: a snapshot taken before the park may still read it.
+		p.port = fh.port
+		if fh.sock != "" {
+			_ = os.Remove(fh.sock)
+		}
 	}
-	a.freeFiber(fiber)
 	if !a.putParked(s, p) {
 		a.notify()
 		return resp, fmt.Errorf("fiber %s: its grant ended or the epoch moved while it was parked; its image is deleted: %w", fence, core.ErrNotFound)
