@@ -389,11 +389,15 @@ poll:
 		fmt.Fprintf(stdout, "  API        http://%s (plaintext, loopback only)\n", tcp)
 	}
 	fmt.Fprintln(stdout, "  grants:")
+	ck := agent.Checkpoint()
 	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
 	for _, g := range d.grants {
 		tier, state := "BASIC (fork+exec per clone)", "ready"
 		if g.Warm {
 			tier = "WARM (forked from a zygote)"
+			if ck.Available {
+				tier = "CHECKPOINT (forked from a zygote, parkable)"
+			}
 			state = "warming"
 			if warm[g.UID] {
 				state = "warm"
@@ -402,7 +406,6 @@ poll:
 		fmt.Fprintf(tw, "    %s\t%s\t%s\t%s\n", g.UID, g.Template, tier, state)
 	}
 	tw.Flush()
-	ck := agent.Checkpoint()
 	if ck.Available {
 		fmt.Fprintln(stdout, "  parking    on: a fiber cloned with -session can be parked to disk (fiberctl park); a clone of its session resumes it")
 	} else {
