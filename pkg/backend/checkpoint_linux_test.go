@@ -931,6 +931,43 @@ func TestResumedFiberOrphans(t *testing.T) {
 	}
 }
 
+// TestResumedFiberOrphansWithoutLeaf: without a leaf, what a resumed
+// fiber left behind in its session (reparented to fiberd, the subreaper)
+// is killed and reaped when the fiber ends, one in another process group
+// of the session too: no zombie of fiberd is left.
+func TestResumedFiberOrphansWithoutLeaf(t *testing.T) {
+	criuForTest(t)
+	if !inSubreaper(t) {
+		return
+	}
+	p := newCkpt(t)
+	uid, f, _ := running(t, p, true, 1, "")
+	dir := filepath.Join(t.TempDir(), "img")
+	park(t, p, f.Fence, dir)
+	nextExit(t, p)
+	ep := listen(t, true)
+	r := resume(t, p, ResumeRequest{Fence: fence(uid, 2), Image: dir, Listener: ep.file})
+	body, err := get(ep, "/orphan/pgrp")
+	if err != nil {
+		t.Fatal(err)
+	}
+	orphan, err := strconv.Atoi(strings.TrimSpace(strings.TrimPrefix(body, "orphan=")))
+	if err != nil {
+		t.Fatalf("GET /orphan/pgrp: %q", body)
+	}
+	if e := nextExit(t, p); e.Fence != r.Fiber.Fence || e.Reason.Code != 0 {
+		t.Fatalf("Exit = %+v, want %s exit:0", e, r.Fiber.Fence)
+	}
+	waitGone(t, orphan)
+	waitGone(t, r.Fiber.PID)
+	for deadline := time.Now().Add(10 * time.Second); len(zombieChildren()) > 0 && time.Now().Before(deadline); {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if z := zombieChildren(); len(z) != 0 {
+		t.Fatalf("zombie children left: %v", z)
+	}
+}
+
 // killedEnv makes a re-executed test binary play fiberd in killedMid.
 const killedEnv = "FIBERD_BACKEND_TEST_KILLED"
 
