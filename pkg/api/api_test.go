@@ -31,7 +31,7 @@ func TestValidSession(t *testing.T) {
 func TestParkWireNames(t *testing.T) {
 	b, err := json.Marshal(Status{
 		Checkpoint: Checkpoint{Reason: "no CRIU"},
-		Grants: []GrantStatus{{Parked: 1, ParkedBytes: 2, ParkedSessions: []ParkedSession{{Session: "s", FiberID: "g/1/1", ImageBytes: 2, OwnBytes: 1, By: "api"}}}},
+		Grants:     []GrantStatus{{Parked: 1, ParkedBytes: 2, ParkedSessions: []ParkedSession{{Session: "s", FiberID: "g/1/1", ImageBytes: 2, OwnBytes: 1, By: "api"}}}},
 	})
 	if err != nil {
 		t.Fatal(err)
