@@ -88,5 +88,5 @@ demo: ## Start fiberd -dev, clone warm and cold fibers, print their times, stop 
 	hack/demo.sh
 
 .PHONY: docs-check
-docs-check: ## Run every command of README.md and docs/*.md against a real fiberd -dev (test/docs).
+docs-check: criu ## Run every command of README.md and docs/*.md against a real fiberd -dev (test/docs); docs/api.md parks a fiber, so it builds CRIU first.
 	hack/docs-check.sh

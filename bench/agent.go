@@ -93,7 +93,7 @@ func prepareTemplates(work string, o options) (*kit, error) {
 	}
 	init := strconv.Itoa(o.initMs)
 	if bin, err := devkit.BuildCounterC(root, filepath.Join(work, "bin")); err != nil {
-		for _, n := range []string{tplWarmC, tplColdC, tplDenseC, tplDenseColdC} {
+		for _, n := range []string{tplWarmC, tplColdC, tplDenseC, tplDenseColdC, tplParkC1, tplParkC16} {
 			k.missing[n] = "C template not built: " + err.Error()
 		}
 	} else {
@@ -103,6 +103,11 @@ func prepareTemplates(work string, o options) (*kit, error) {
 				return nil, err
 			}
 			if err := add(devkit.ColdName(tplDenseC, zy), devkit.CounterCSpec(bin, zy, dense...)); err != nil {
+				return nil, err
+			}
+		}
+		for name, mib := range map[string]string{tplParkC1: "1", tplParkC16: "16"} {
+			if err := add(name, devkit.CounterCSpec(bin, true, "--init-ms", init, "--dirty-mib", mib)); err != nil {
 				return nil, err
 			}
 		}
@@ -158,9 +163,12 @@ type agentRig struct {
 	once   sync.Once
 }
 
+// benchCRIU is the criu the proc backend parks with (-criu), "" for none.
+var benchCRIU = backend.DefaultCRIUPath()
+
 // newAgent builds an agent on h with both backends.
 func newAgent(ctx context.Context, dir string, h fiberd.Config, log logr.Logger) (*fiberd.Agent, error) {
-	warm, err := backend.NewProc(backend.Config{Logger: log.WithName("proc")})
+	warm, err := backend.NewProc(backend.Config{Logger: log.WithName("proc"), CRIU: benchCRIU})
 	if err != nil {
 		h.Home.Close()
 		return nil, fmt.Errorf("proc backend: %w", err)

@@ -18,6 +18,7 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/go-logr/logr/funcr"
 
+	"fiberd.io/fiberd/pkg/backend"
 	"fiberd.io/fiberd/pkg/core"
 )
 
@@ -52,6 +53,8 @@ type options struct {
 	quick         bool
 	verbose       bool
 	noPlot        bool
+	parkN         int
+	criu          string
 }
 
 func main() {
@@ -86,6 +89,8 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.BoolVar(&o.quick, "quick", false, "a fast smoke run: few samples, short loops, small bursts")
 	fs.BoolVar(&o.verbose, "v", false, "log fiberd's and the home's lines to stderr (default: a file in $TMPDIR, named at the start)")
 	fs.BoolVar(&o.noPlot, "no-plot", false, "write no PNG plots")
+	fs.IntVar(&o.parkN, "park-n", 30, "park and resume cycles per template in the park rows")
+	fs.StringVar(&o.criu, "criu", backend.DefaultCRIUPath(), "the criu the park rows run (hack/criu.sh builds it there); none to skip them")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
@@ -95,9 +100,20 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	if o.quick {
 		o.n, o.coldN, o.burst, o.rounds, o.loop = 30, 5, 10, 1, time.Second
 		o.densityN, o.kubeRounds, o.metricClones, o.nodeN = 8, 1, 20, 5
+		set := false
+		fs.Visit(func(f *flag.Flag) { set = set || f.Name == "park-n" })
+		if !set {
+			o.parkN = 5
+		}
+	}
+	if o.criu == "none" {
+		o.criu = ""
 	}
 	if o.coldN <= 0 {
 		o.coldN = min(o.n, 60)
+	}
+	if o.parkN < 1 {
+		return o, errors.New("-park-n must be positive")
 	}
 	if o.n < 1 || o.nodeN < 1 || o.burst < 1 || o.rounds < 1 || o.densityN < 1 || o.kubeRounds < 1 || o.metricClones < 1 || o.loop <= 0 || o.kubePoll <= 0 {
 		return o, errors.New("-n, -n-node, -burst, -burst-rounds, -density-n, -kube-rounds, -metric-clones, -loop and -kube-poll must be positive")
@@ -134,7 +150,8 @@ func run(ctx context.Context, args []string, stderr io.Writer) int {
 	res.Settings = Settings{N: o.n, ColdN: o.coldN, InitMs: o.initMs, BurstSize: o.burst, BurstRounds: o.rounds,
 		LoopSeconds: o.loop.Seconds(), Concurrency: []int{1, 2, 4, 16}, DensityN: o.densityN, HoldMiB: o.holdMiB,
 		DirtyMiB: o.dirtyMiB, KubePoll: o.kubePoll.String(), KubeRounds: o.kubeRounds, MetricClones: o.metricClones,
-		Endpoint: o.endpoint}
+		Endpoint: o.endpoint, ParkN: o.parkN}
+	benchCRIU = o.criu
 	res.Machine = readMachine()
 	if res.Machine.LoadPerCPU > 0.5 {
 		res.Warnings = append(res.Warnings, fmt.Sprintf("the machine was busy at the start (load average %s on %d CPUs): expect noisy tails", res.Machine.LoadStart, res.Machine.NProc))
@@ -292,6 +309,11 @@ func measure(ctx context.Context, o options, p *progress, log logr.Logger, kube 
 			return fmt.Errorf("density %s: %w", d.name, err)
 		}
 		res.Density = append(res.Density, row)
+	}
+
+	res.Park, err = ag.parkRows(ctx, tpl, o.parkN, min(o.n, 100), p)
+	if err != nil {
+		return fmt.Errorf("park: %w", err)
 	}
 	ag.stop()
 

@@ -120,6 +120,8 @@ func Markdown(r Result, plotDir string) string {
 	}
 	table(&b, []string{"template", "N", "N fibers + zygote, MiB", "N processes (cold exec), MiB", "cold / warm", "note"}, rows)
 
+	parkMarkdown(&b, r.Park)
+
 	b.WriteString("#### API server load (`apiserver_request_total` on the real API server)\n\n")
 	a := r.APIServer
 	if !a.Measured {

@@ -20,6 +20,7 @@ type Result struct {
 	Burst     []BurstRow      `json:"burst"`
 	Loop      []LoopRow       `json:"loop"`
 	Density   []DensityRow    `json:"density"`
+	Park      []ParkRow       `json:"park"`
 	APIServer APIServerResult `json:"apiServer"`
 	KubeHome  KubeHomeResult  `json:"kubeHome"`
 	Plots     []string        `json:"plots,omitempty"`
@@ -58,6 +59,7 @@ type Settings struct {
 	KubeRounds   int     `json:"kubeRounds"`
 	MetricClones int     `json:"metricClones"`
 	Endpoint     string  `json:"endpoint"`
+	ParkN        int     `json:"parkN"`
 }
 
 // LatencyRow is clone-to-first-HTTP-byte of one mode.

@@ -11,6 +11,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"syscall"
 	"text/tabwriter"
@@ -231,8 +232,9 @@ func cmdFiber(ctx context.Context, cmd string, args []string, g global, e env) i
 	if err != nil {
 		return grantcli.UsageError(fs, "%v", err)
 	}
+	var parked api.ParkResponse
 	if cmd == "park" {
-		err = c.ParkFiber(ctx, req)
+		parked, err = c.ParkFiber(ctx, req)
 	} else {
 		err = c.ReleaseFiber(ctx, req)
 	}
@@ -243,11 +245,18 @@ func cmdFiber(ctx context.Context, cmd string, args []string, g global, e env) i
 		}
 		return code
 	}
+	if cmd == "park" {
+		if g.json {
+			return printJSON(e, parked)
+		}
+		fmt.Fprintf(e.stdout, "parked %s: session %s, image %s (its own memory %s); clone the session to resume it, release %s to delete it\n",
+			field(id), field(parked.Session), mibString(parked.ImageBytes), mibString(parked.OwnBytes), field(id))
+		return grantcli.ExitOK
+	}
 	if g.json {
 		return printJSON(e, api.FiberRequest{FiberID: id})
 	}
-	verb := map[string]string{"release": "released", "park": "parked"}[cmd]
-	fmt.Fprintf(e.stdout, "%s %s\n", verb, id)
+	fmt.Fprintf(e.stdout, "released %s\n", id)
 	return grantcli.ExitOK
 }
 
@@ -339,6 +348,11 @@ func printStatus(w io.Writer, s api.Status, e env) {
 	}
 	fmt.Fprintf(w, "home %s  epoch %d  lane %s (last sync %s ago)  ready %v\n",
 		field(s.Home), s.Epoch, lane, e.clock.Since(s.Lane.LastSync).Round(time.Second), s.Ready)
+	if s.Checkpoint.Available {
+		fmt.Fprintln(w, "  checkpoint: available (fibers with a session can be parked)")
+	} else if s.Checkpoint.Reason != "" {
+		fmt.Fprintf(w, "  checkpoint: absent (%s)\n", field(s.Checkpoint.Reason))
+	}
 	for _, c := range s.Scope {
 		fmt.Fprintf(w, "  scope %s=%s\n", field(c.Name), field(c.Value))
 	}
@@ -360,6 +374,13 @@ func printStatus(w io.Writer, s api.Status, e env) {
 	tw.Flush()
 	if s.Redacted {
 		fmt.Fprintln(w, "fibers: not shown (this address does not authenticate callers; use the unix socket or TLS)")
+		parked := 0
+		for _, gs := range s.Grants {
+			parked += gs.Parked
+		}
+		if parked > 0 {
+			fmt.Fprintf(w, "parked sessions: %d, not shown\n", parked)
+		}
 		return
 	}
 	var fibers []string
@@ -376,7 +397,21 @@ func printStatus(w io.Writer, s api.Status, e env) {
 		fmt.Fprintln(w, "fibers:")
 		fmt.Fprintln(w, strings.Join(fibers, "\n"))
 	}
+	var parked []string
+	for _, gs := range s.Grants {
+		for _, p := range gs.ParkedSessions {
+			parked = append(parked, fmt.Sprintf("  %s  session %s  image %s  by %s  %s ago",
+				field(p.FiberID), field(p.Session), mibString(p.ImageBytes), field(p.By), e.clock.Since(p.ParkedAt).Round(time.Second)))
+		}
+	}
+	if len(parked) > 0 {
+		fmt.Fprintln(w, "parked:")
+		fmt.Fprintln(w, strings.Join(parked, "\n"))
+	}
 }
+
+// mibString formats bytes as MiB with one decimal.
+func mibString(b int64) string { return strconv.FormatFloat(float64(b)/(1<<20), 'f', 1, 64) + " MiB" }
 
 // statusLine is one status on one line, for watch.
 func statusLine(s api.Status) string {
@@ -390,6 +425,9 @@ func statusLine(s api.Status) string {
 		fmt.Fprintf(&b, " %s:%d/%d", field(gs.UID), gs.Running, gs.Max)
 		if !gs.Warm {
 			b.WriteString("(cold)")
+		}
+		if gs.Parked > 0 {
+			fmt.Fprintf(&b, "+%dparked", gs.Parked)
 		}
 	}
 	return b.String()

@@ -59,6 +59,10 @@ func (f *fakeAgent) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			json.NewEncoder(w).Encode(api.Error{Code: api.CodeUnauthenticated, Message: "name the fiber's releaseKey"})
 			return
 		}
+		if r.URL.Path == "/v1/park" {
+			json.NewEncoder(w).Encode(api.ParkResponse{FiberID: req.FiberID, Session: "s1", ImageBytes: 17 << 20, OwnBytes: 3 << 20})
+			return
+		}
 		w.Write([]byte("{}"))
 	case "GET /v1/status":
 		json.NewEncoder(w).Encode(testStatus())
@@ -82,7 +86,10 @@ func testStatus() api.Status {
 			UID: "g1", Template: "counter-c@sha256:" + strings.Repeat("a", 64), Warm: true, Running: 1, Max: 64,
 			LeaseExpiry: testNow.Add(time.Hour), LatestFence: &f, Tier: core.TierWarm,
 			Fibers: []api.FiberStatus{{FiberID: "g1/2/5", Endpoint: "tcp://127.0.0.1:20005", Session: "s1"}},
+			Parked: 1, ParkedBytes: 16 << 20,
+			ParkedSessions: []api.ParkedSession{{Session: "s0", FiberID: "g1/2/4", ImageBytes: 16 << 20, OwnBytes: 1 << 20, ParkedAt: testNow.Add(-time.Minute), By: "api"}},
 		}},
+		Checkpoint: api.Checkpoint{Available: true},
 	}
 }
 
@@ -146,7 +153,10 @@ func TestReleaseAndPark(t *testing.T) {
 	if !strings.Contains(a.requests[0], `POST /v1/release {"fiberID":"g1/2/5"}`) {
 		t.Errorf("request %s", a.requests[0])
 	}
-	if code, out, _ := runCmd(t, testNow, "", "-addr", addr, "-o", "json", "park", "g1/2/6"); code != 0 || !strings.Contains(out, `"fiberID":"g1/2/6"`) {
+	if code, out, _ := runCmd(t, testNow, "", "-addr", addr, "-o", "json", "park", "g1/2/6"); code != 0 || !strings.Contains(out, `"fiberID":"g1/2/6","session":"s1","imageBytes":17825792`) {
+		t.Fatalf("park: exit %d, %q", code, out)
+	}
+	if code, out, _ := runCmd(t, testNow, "", "-addr", addr, "park", "g1/2/6"); code != 0 || !strings.Contains(out, "parked g1/2/6: session s1, image 17.0 MiB (its own memory 3.0 MiB)") {
 		t.Fatalf("park: exit %d, %q", code, out)
 	}
 	code, _, errs := runCmd(t, testNow, "", "-addr", addr, "release", "g1/1/1")
@@ -184,11 +194,11 @@ func TestReleaseWithProof(t *testing.T) {
 // they are not shown, rather than that none run.
 func TestRedactedStatus(t *testing.T) {
 	st := testStatus()
-	st.Redacted, st.Grants[0].Fibers, st.Grants[0].LatestFence = true, nil, nil
+	st.Redacted, st.Grants[0].Fibers, st.Grants[0].LatestFence, st.Grants[0].ParkedSessions = true, nil, nil, nil
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { json.NewEncoder(w).Encode(st) }))
 	t.Cleanup(srv.Close)
 	code, out, errs := runCmd(t, testNow, "", "-addr", srv.Listener.Addr().String(), "status")
-	if code != 0 || !strings.Contains(out, "1/64") || !strings.Contains(out, "fibers: not shown") {
+	if code != 0 || !strings.Contains(out, "1/64") || !strings.Contains(out, "fibers: not shown") || !strings.Contains(out, "parked sessions: 1, not shown") {
 		t.Fatalf("redacted status: exit %d, %q %q", code, out, errs)
 	}
 }
@@ -200,7 +210,8 @@ func TestStatus(t *testing.T) {
 		t.Fatalf("exit %d: %s", code, errs)
 	}
 	for _, want := range []string{"home standalone  epoch 2  lane healthy (last sync 3s ago)  ready true",
-		"GRANT", "g1", "counter-c", "WARM", "1/64", "1h0m0s", "g1/2/5", "session s1"} {
+		"GRANT", "g1", "counter-c", "WARM", "1/64", "1h0m0s", "g1/2/5", "session s1",
+		"checkpoint: available", "parked:\n  g1/2/4  session s0  image 16.0 MiB  by api  1m0s ago"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("status output lacks %q:\n%s", want, out)
 		}
@@ -219,7 +230,7 @@ func TestWatch(t *testing.T) {
 		t.Fatalf("exit %d: %s", code, errs)
 	}
 	lines := strings.Split(strings.TrimSpace(out), "\n")
-	if len(lines) != 3 || !strings.HasPrefix(lines[2], "epoch=3 lane=healthy ready=true g1:1/64") {
+	if len(lines) != 3 || !strings.HasPrefix(lines[2], "epoch=3 lane=healthy ready=true g1:1/64+1parked") {
 		t.Fatalf("watch printed %q", out)
 	}
 	code, out, _ = runCmd(t, testNow, "", "-addr", addr, "-o", "json", "watch")

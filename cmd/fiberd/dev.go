@@ -389,11 +389,15 @@ poll:
 		fmt.Fprintf(stdout, "  API        http://%s (plaintext, loopback only)\n", tcp)
 	}
 	fmt.Fprintln(stdout, "  grants:")
+	ck := agent.Checkpoint()
 	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
 	for _, g := range d.grants {
 		tier, state := "BASIC (fork+exec per clone)", "ready"
 		if g.Warm {
 			tier = "WARM (forked from a zygote)"
+			if ck.Available {
+				tier = "CHECKPOINT (forked from a zygote, parkable)"
+			}
 			state = "warming"
 			if warm[g.UID] {
 				state = "warm"
@@ -402,6 +406,11 @@ poll:
 		fmt.Fprintf(tw, "    %s\t%s\t%s\t%s\n", g.UID, g.Template, tier, state)
 	}
 	tw.Flush()
+	if ck.Available {
+		fmt.Fprintln(stdout, "  parking    on: a fiber cloned with -session can be parked to disk (fiberctl park); a clone of its session resumes it")
+	} else {
+		fmt.Fprintf(stdout, "  parking    off: %s\n", ck.Reason)
+	}
 	fmt.Fprintln(stdout, "\nNext, from the checkout in another terminal:")
 	first := d.grants[0]
 	for _, g := range d.grants {
@@ -420,6 +429,9 @@ poll:
 	fmt.Fprintf(stdout, "  go run ./cmd/fiberctl -addr %s status\n", ctl)
 	fmt.Fprintln(stdout, "  curl <the endpoint clone printed>")
 	fmt.Fprintf(stdout, "  go run ./cmd/fiberctl -addr %s release <the fiber clone printed>\n", ctl)
+	if ck.Available && first.Warm {
+		fmt.Fprintf(stdout, "  go run ./cmd/fiberctl -addr %s clone -grant-uid %s -session demo   # then park <its fiber>, and clone -session demo again\n", ctl, first.UID)
+	}
 	if tcp := addrString(agent); tcp != "" && ctl != tcp {
 		fmt.Fprintf(stdout, "Over %s (plaintext) status shows counts only, and release needs -key <the key clone printed>.\n", tcp)
 	}

@@ -57,6 +57,11 @@ type options struct {
 	thrashBurst           int
 	pressureThreshold     float64
 	isolation             backend.Isolation
+	criu                  string // "" for no checkpoints
+	parkMaxImages         int
+	parkMaxBytes          int64
+	parkIdleAfter         time.Duration
+	pressurePark          bool
 	tlsCert, tlsKey       string
 	clientCA              string
 	insecurePlaintext     bool
@@ -125,6 +130,11 @@ func parseFlags(args []string, env environ, usage io.Writer) (options, error) {
 	fs.Float64Var(&o.thrashRate, "thrash-rate", fiberd.DefaultThrashRate, "Clones per second admitted in the long run; more are SHED (0: the default)")
 	fs.IntVar(&o.thrashBurst, "thrash-burst", fiberd.DefaultThrashBurst, "Clones admitted at once before the thrash rate applies (0: the default)")
 	fs.Float64Var(&o.pressureThreshold, "pressure-threshold", fiberd.DefaultPressureThreshold, "memory pressure of a grant's cgroup (PSI some avg10, percent) above which its Clones are SHED; 0 turns the check off")
+	fs.StringVar(&o.criu, "criu", backend.DefaultCRIUPath(), "the criu binary (4.2 or later) fibers are parked with, the CHECKPOINT tier; `none` for no parking (hack/criu.sh builds one at the default)")
+	fs.IntVar(&o.parkMaxImages, "park-max-images", fiberd.DefaultParkMaxImages, "parked sessions one grant may keep")
+	fs.Int64Var(&o.parkMaxBytes, "park-max-bytes", fiberd.DefaultParkMaxBytes, "bytes of parked images one grant may keep")
+	fs.BoolVar(&o.pressurePark, "pressure-park", false, "under memory pressure (-pressure-threshold), park a grant's largest idle fiber instead of shedding a Clone")
+	fs.DurationVar(&o.parkIdleAfter, "park-idle-after", fiberd.DefaultParkIdleAfter, "how long no Clone must name a fiber before -pressure-park may park it")
 	fs.StringVar(&o.tlsCert, "tls-cert", "", "PEM server certificate of the TCP listener (with -tls-key and -client-ca)")
 	fs.StringVar(&o.tlsKey, "tls-key", "", "PEM key of -tls-cert")
 	fs.StringVar(&o.clientCA, "client-ca", "", "PEM CA bundle client certificates must chain to")
@@ -179,6 +189,12 @@ func parseFlags(args []string, env environ, usage io.Writer) (options, error) {
 	}
 	if o.isolation, err = backend.ParseIsolation(*isolation); err != nil {
 		return o, bad("isolation", "%v", err)
+	}
+	switch {
+	case o.criu == "none":
+		o.criu = ""
+	case o.criu != "" && !filepath.IsAbs(o.criu):
+		return o, bad("criu", "%q is not absolute: give the full path of the criu binary, or none", o.criu)
 	}
 
 	if err := o.check(set, env); err != nil {
@@ -413,6 +429,12 @@ func (o options) agentConfig() fiberd.Config {
 		ThrashBurst:              o.thrashBurst,
 		PressureThreshold:        o.pressureThreshold,
 		AdminUnsafe:              o.adminUnsafe,
+		Park: fiberd.ParkLimits{
+			MaxImages: o.parkMaxImages,
+			MaxBytes:  o.parkMaxBytes,
+			Pressure:  o.pressurePark,
+			IdleAfter: o.parkIdleAfter,
+		},
 	}
 }
 

@@ -40,6 +40,10 @@ func TestParseFlagsDefaults(t *testing.T) {
 		pressureThreshold: fiberd.DefaultPressureThreshold,
 		endpointFamily:    endpoint.Unix,
 		isolation:         backend.IsolationNone,
+		criu:              backend.DefaultCRIUPath(),
+		parkMaxImages:     fiberd.DefaultParkMaxImages,
+		parkMaxBytes:      fiberd.DefaultParkMaxBytes,
+		parkIdleAfter:     fiberd.DefaultParkIdleAfter,
 	}
 	want.portRange, _ = endpoint.ParsePortRange(fiberd.DefaultPortRange)
 	if !reflect.DeepEqual(o, want) {
@@ -187,6 +191,23 @@ func TestParseFlagsModes(t *testing.T) {
 			},
 		},
 		{
+			name: "parking", args: append(standaloneArgs, "-criu", "/opt/criu/bin/criu", "-park-max-images", "4", "-park-max-bytes", "1048576", "-pressure-park", "-park-idle-after", "2m"), env: testEnv,
+			check: func(t *testing.T, o options) {
+				c := o.agentConfig().Park
+				if o.criu != "/opt/criu/bin/criu" || c.MaxImages != 4 || c.MaxBytes != 1<<20 || !c.Pressure || c.IdleAfter != 2*time.Minute {
+					t.Errorf("criu %q, park %+v", o.criu, c)
+				}
+			},
+		},
+		{
+			name: "no parking", args: append(standaloneArgs, "-criu", "none"), env: testEnv,
+			check: func(t *testing.T, o options) {
+				if o.criu != "" {
+					t.Errorf("-criu none gave %q, want none", o.criu)
+				}
+			},
+		},
+		{
 			name: "pressure shedding off", args: append(standaloneArgs, "-pressure-threshold", "0"), env: testEnv,
 			check: func(t *testing.T, o options) {
 				if o.pressureThreshold != 0 {
@@ -226,6 +247,10 @@ func TestParseFlagsRefusals(t *testing.T) {
 		{"positional argument", sa("extra"), testEnv, "extra"},
 		{"bad home", sa("-home", "nomad"), testEnv, "-home"},
 		{"bad isolation", sa("-isolation", "full"), testEnv, "-isolation"},
+		{"relative criu", sa("-criu", "criu"), testEnv, "-criu"},
+		{"negative park max images", sa("-park-max-images", "-1"), testEnv, "-park-max-images"},
+		{"negative park max bytes", sa("-park-max-bytes", "-1"), testEnv, "-park-max-bytes"},
+		{"negative park idle after", sa("-park-idle-after", "-1s"), testEnv, "-park-idle-after"},
 		{"no issuer", []string{"-templates", "/t", "-listen="}, testEnv, "-issuer"},
 		{"issuer not https", []string{"-issuer", "http://issuer.example", "-templates", "/t", "-listen="}, testEnv, "-issuer"},
 		{"issuer not a URL", []string{"-issuer", "issuer", "-templates", "/t", "-listen="}, testEnv, "-issuer"},

@@ -175,7 +175,7 @@ func build(ctx context.Context, o options, log logr.Logger) (*fiberd.Agent, erro
 		h.Close()
 		return nil, err
 	}
-	warm, err := backend.NewProc(backend.Config{Logger: log.WithName("proc"), Isolation: o.isolation, IDs: ids})
+	warm, err := backend.NewProc(backend.Config{Logger: log.WithName("proc"), Isolation: o.isolation, IDs: ids, CRIU: o.criu})
 	if err != nil {
 		h.Close()
 		return nil, fmt.Errorf("proc backend: %w", err)

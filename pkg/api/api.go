@@ -47,7 +47,8 @@ const (
 	KindCreate = "create"
 	// KindAttach is the running fiber of the named session.
 	KindAttach = "attach"
-	// KindResume is a parked fiber brought back.
+	// KindResume is a parked session brought back: a new fiber (a new
+	// fence) whose memory is the parked fiber's as it was.
 	KindResume = "resume"
 )
 
@@ -60,7 +61,9 @@ type CloneRequest struct {
 	// GrantUID names an admitted grant.
 	GrantUID string `json:"grantUID,omitempty"`
 	// Session is a caller-chosen name; a Clone of a running session
-	// attaches to its fiber instead of creating a twin.
+	// attaches to its fiber instead of creating a twin, and a Clone of a
+	// parked session resumes it (Kind resume; Payload is then ignored:
+	// the fiber's memory is as it was).
 	Session string `json:"session,omitempty"`
 	// DeadlineMs bounds the clone, in milliseconds. Zero is the server's
 	// default.
@@ -87,7 +90,8 @@ type CloneResponse struct {
 	ReleaseKey string `json:"releaseKey"`
 }
 
-// FiberRequest is the body of POST /v1/release and POST /v1/park.
+// FiberRequest is the body of POST /v1/release and POST /v1/park. The
+// release of a parked session's fiber id deletes its image.
 //
 // On a listener that authenticates its callers (the unix socket, TLS with a
 // client certificate) FiberID is enough. On one that does not (plaintext
@@ -103,12 +107,31 @@ type FiberRequest struct {
 	Grant string `json:"grant,omitempty"`
 }
 
+// ParkResponse is the body of a served POST /v1/park: the fiber ended and
+// its session is parked, its memory in an image on the home's disk. A
+// Clone naming the session (and the grant) resumes it (Kind resume);
+// POST /v1/release of FiberID deletes it.
+type ParkResponse struct {
+	// FiberID is the parked fiber's id: it names the parked session until
+	// it is resumed or deleted.
+	FiberID string `json:"fiberID"`
+	// Session is the session parked.
+	Session string `json:"session"`
+	// ImageBytes is the size of the image on disk. It holds every page the
+	// fiber mapped, those it shared with its template's zygote too.
+	ImageBytes int64 `json:"imageBytes"`
+	// OwnBytes is the memory the fiber shared with no one when parked: what
+	// it cost beyond its zygote.
+	OwnBytes int64 `json:"ownBytes"`
+}
+
 // Error is the body of every refusal. For a miss, Code is SHED or
 // DEFERRED_FALLBACK and Issuer names the control plane; otherwise Code is
 // one of the other error codes below.
 type Error struct {
 	// Code is SHED, DEFERRED_FALLBACK, INVALID, UNAUTHENTICATED,
-	// FORBIDDEN, NOT_FOUND, TIER_GAP or INTERNAL.
+	// FORBIDDEN, NOT_FOUND, TIER_GAP, BUSY, INSUFFICIENT_STORAGE or
+	// INTERNAL.
 	Code string `json:"code"`
 	// Message says what went wrong and what to do.
 	Message string `json:"message"`
@@ -129,6 +152,16 @@ const (
 	CodeNotFound  = "NOT_FOUND"
 	CodeTierGap   = "TIER_GAP"
 	CodeInternal  = "INTERNAL"
+	// CodeBusy (409) is a park refused while the fiber cannot be parked
+	// as it is (a connection to its unix listener is open, another park
+	// or Clone of its session is under way); it keeps running. Try again
+	// once it is idle.
+	CodeBusy = "BUSY"
+	// CodeInsufficientStorage (507) is a park refused for room: the
+	// grant's parked images are at their bound in count or bytes, the
+	// fiber is larger than the room left, or the disk is full. The fiber
+	// keeps running.
+	CodeInsufficientStorage = "INSUFFICIENT_STORAGE"
 )
 
 // Status is the body of GET /v1/status and each line of GET /v1/watch.
@@ -146,9 +179,21 @@ type Status struct {
 	// Grants are the admitted grants, by UID.
 	Grants []GrantStatus `json:"grants"`
 	// Redacted is set when the caller is not authenticated: each grant
-	// then shows its counts only, without Fibers or LatestFence (no fiber
-	// id, endpoint or session of anyone's fiber).
+	// then shows its counts only, without Fibers, ParkedSessions or
+	// LatestFence (no fiber id, endpoint or session of anyone's fiber).
 	Redacted bool `json:"redacted,omitempty"`
+	// Checkpoint says whether this home can park fibers (the CHECKPOINT
+	// tier) and, when not, what is missing.
+	Checkpoint Checkpoint `json:"checkpoint"`
+}
+
+// Checkpoint is the CHECKPOINT tier's state in a Status.
+type Checkpoint struct {
+	// Available is set when fibers of zygote templates can be parked.
+	Available bool `json:"available"`
+	// Reason says what is missing when Available is false (no CRIU
+	// configured or found, a CRIU too old, a missing capability).
+	Reason string `json:"reason,omitempty"`
 }
 
 // Lane is the lane's health in a Status.
@@ -185,6 +230,29 @@ type GrantStatus struct {
 	// for their budget (not those released), oldest first, at most
 	// MaxExits.
 	Exits []FiberExit `json:"exits,omitempty"`
+	// Parked counts the grant's parked sessions, and ParkedBytes sums
+	// their images' sizes.
+	Parked      int   `json:"parked,omitempty"`
+	ParkedBytes int64 `json:"parkedBytes,omitempty"`
+	// ParkedSessions are the grant's parked sessions, by session name.
+	ParkedSessions []ParkedSession `json:"parkedSessions,omitempty"`
+}
+
+// ParkedSession is one parked session in a GrantStatus.
+type ParkedSession struct {
+	// Session is the session's name: a Clone naming it resumes it.
+	Session string `json:"session"`
+	// FiberID is the fiber it was parked as; releasing it deletes the
+	// image.
+	FiberID string `json:"fiberID"`
+	// ImageBytes and OwnBytes are as in ParkResponse.
+	ImageBytes int64 `json:"imageBytes"`
+	OwnBytes   int64 `json:"ownBytes"`
+	// ParkedAt is when it was parked.
+	ParkedAt time.Time `json:"parkedAt"`
+	// By is what parked it: "api" (POST /v1/park) or "pressure" (fiberd,
+	// for the grant's memory pressure).
+	By string `json:"by"`
 }
 
 // MaxExits is how many recent fiber exits a GrantStatus lists.

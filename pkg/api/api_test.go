@@ -1,6 +1,7 @@
 package api
 
 import (
+	"encoding/json"
 	"strings"
 	"testing"
 )
@@ -22,5 +23,27 @@ func TestValidSession(t *testing.T) {
 		if err != nil && len(s) > 8 && strings.Contains(err.Error(), s) {
 			t.Errorf("ValidSession(%.20q) error repeats the session: %v", s, err)
 		}
+	}
+}
+
+// TestParkWireNames: the park answer, the parked sessions and the
+// checkpoint state keep the member names docs/api.md documents.
+func TestParkWireNames(t *testing.T) {
+	b, err := json.Marshal(Status{
+		Checkpoint: Checkpoint{Reason: "no CRIU"},
+		Grants:     []GrantStatus{{Parked: 1, ParkedBytes: 2, ParkedSessions: []ParkedSession{{Session: "s", FiberID: "g/1/1", ImageBytes: 2, OwnBytes: 1, By: "api"}}}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{`"checkpoint":{"available":false,"reason":"no CRIU"}`, `"parked":1`, `"parkedBytes":2`,
+		`"parkedSessions":[{"session":"s","fiberID":"g/1/1","imageBytes":2,"ownBytes":1,"parkedAt":`, `"by":"api"`} {
+		if !strings.Contains(string(b), want) {
+			t.Errorf("status JSON %s lacks %s", b, want)
+		}
+	}
+	b, _ = json.Marshal(ParkResponse{FiberID: "g/1/1", Session: "s", ImageBytes: 2, OwnBytes: 1})
+	if string(b) != `{"fiberID":"g/1/1","session":"s","imageBytes":2,"ownBytes":1}` {
+		t.Errorf("park answer JSON %s", b)
 	}
 }

@@ -49,9 +49,12 @@ type Checkpointer interface {
 	// Park to the same Dir or RemoveImage removes). It fails, leaving the
 	// fiber running, with core.ErrNotFound for a fence that is not
 	// running, ErrTooLarge when the fiber's memory is over req.MaxBytes,
-	// core.ErrInvalid for a bad request, and with CRIU's own reason
-	// (the error lines of its log, "no space left on device" when the
-	// image's filesystem filled up) when the dump fails. Live
+	// core.ErrInvalid for a bad request, core.ErrTierGap for a fiber CRIU
+	// cannot park (inside a pid namespace it does not lead, an MPTCP
+	// listener), ErrBusy while a connection to its unix listener is
+	// open, and with CRIU's own reason (the error lines of its log;
+	// wrapping ErrNoSpace when the image's filesystem filled up) when the
+	// dump fails. Live
 	// connections of the fiber are closed; connections waiting in its
 	// listener's queue are reset. The agent calls it on POST /v1/park
 	// and, under memory pressure, for the largest idle fiber.
@@ -80,6 +83,17 @@ var ErrImageUnusable = errors.New("parked image unusable")
 // ErrTooLarge is wrapped by Park when the fiber's memory, the image's size,
 // would be over ParkRequest.MaxBytes. The fiber keeps running.
 var ErrTooLarge = errors.New("fiber too large to park")
+
+// ErrNoSpace is wrapped by Park when the dump failed because the image's
+// filesystem is full (ENOSPC, or a disk quota). The fiber keeps running;
+// the partial image is removed.
+var ErrNoSpace = errors.New("no space left for the image")
+
+// ErrBusy is wrapped by Park when the fiber cannot be parked as it is now,
+// but could be once it is idle: a connection to its unix listener is open
+// or waiting to be accepted (CRIU cannot dump one end of a unix
+// connection). The fiber keeps running.
+var ErrBusy = errors.New("fiber busy")
 
 // ParkRequest asks a Checkpointer to park one running fiber.
 type ParkRequest struct {

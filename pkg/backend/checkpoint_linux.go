@@ -2,6 +2,7 @@ package backend
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -20,6 +21,7 @@ import (
 
 	"fiberd.io/fiberd/pkg/cgroup"
 	"fiberd.io/fiberd/pkg/core"
+	"fiberd.io/fiberd/pkg/procrec"
 )
 
 // The CHECKPOINT tier of the proc backend: Park and Resume with CRIU.
@@ -59,6 +61,10 @@ type procCkpt struct {
 	wakeW    *os.File
 	stopped  chan struct{} // closed when the watcher goroutine has returned
 	stopOnce sync.Once
+
+	// spawn starts criu restore, from a thread that outlives the fibers
+	// it restores (spawn_linux.go).
+	spawn threadSpawner
 }
 
 // fiberCkpt is a fiber's park and resume state.
@@ -234,7 +240,7 @@ func (p *Proc) Park(ctx context.Context, req ParkRequest) (img Image, err error)
 		logPath := filepath.Join(tmp, "dump.log")
 		err := criuFailure("dump", rerr, logPath, filepath.Dir(req.Dir), false)
 		if m.Network == "unix" && logHas(logPath, "External socket is used", "Can't dump half of stream unix connection") {
-			err = fmt.Errorf("a connection to its unix listener is open or waiting to be accepted, and CRIU cannot park one end of a unix connection: park it once it is idle: %w", err)
+			err = fmt.Errorf("a connection to its unix listener is open or waiting to be accepted, and CRIU cannot park one end of a unix connection: park it once it is idle: %w (%w)", ErrBusy, err)
 		}
 		if len(out) > 0 {
 			err = fmt.Errorf("%w; output: %s", err, lastLines(out, 2))
@@ -556,8 +562,27 @@ func (p *Proc) Resume(ctx context.Context, req ResumeRequest) (res Resumed, err 
 		cmd.SysProcAttr.UseCgroupFD = true
 		cmd.SysProcAttr.CgroupFD = int(leafF.Fd())
 	}
+	var outBuf bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &outBuf, &outBuf
 	start, startTick := p.cfg.Clock.Now(), bootTicks()
-	out, rerr := cmd.CombinedOutput()
+	if req.Leaf == "" && !m.OwnPIDNS {
+		// Without a leaf nothing else would find a half-restored fiber
+		// after a crash of fiberd: record the pid criu brings it back at.
+		restoring, err := z.recs.AddRestoring(m.PID, uint64(max(startTick, 0)))
+		if err != nil {
+			p.log.Error(err, "Resume not recorded: a crash of fiberd mid-resume could leave the fiber", "fence", name)
+		}
+		defer func() {
+			if err := restoring.Remove(); err != nil {
+				p.log.Error(err, "Restore record not removed", "fence", name)
+			}
+		}()
+	}
+	rerr := p.ck.spawn.start(cmd)
+	if rerr == nil {
+		rerr = cmd.Wait()
+	}
+	out := outBuf.Bytes()
 	logPath := filepath.Join(req.Image, "restore.log")
 	if rerr != nil {
 		p.cleanFailedRestore(req.Leaf, m, logPath, startTick)
@@ -575,7 +600,7 @@ func (p *Proc) Resume(ctx context.Context, req ResumeRequest) (res Resumed, err 
 	}
 	restored := p.cfg.Clock.Since(start)
 
-	f, lst, err := p.adoptRestored(req, m, logPath, startTick)
+	f, lst, err := p.adoptRestored(req, m, logPath, startTick, z.recs)
 	if err != nil {
 		return Resumed{}, wrap(err)
 	}
@@ -624,8 +649,9 @@ const restoredPidfile = "restored.pid"
 
 // adoptRestored opens a pidfd on the fiber criu restored and checks it is
 // fiberd's child; for a TCP image it also takes a copy of the fiber's new
-// listener (pidfd_getfd of its descriptor 3).
-func (p *Proc) adoptRestored(req ResumeRequest, m manifest, logPath string, startTick int64) (*fiber, *os.File, error) {
+// listener (pidfd_getfd of its descriptor 3). A fiber without a leaf is
+// recorded in recs, as a cloned one is.
+func (p *Proc) adoptRestored(req ResumeRequest, m manifest, logPath string, startTick int64, recs *procrec.Dir) (*fiber, *os.File, error) {
 	b, err := os.ReadFile(filepath.Join(req.Image, restoredPidfile))
 	if err != nil {
 		return nil, nil, fmt.Errorf("criu restore wrote no pid file: %w", err)
@@ -643,6 +669,17 @@ func (p *Proc) adoptRestored(req ResumeRequest, m manifest, logPath string, star
 	f := newFiber(req.Fence, pid, req.Leaf)
 	f.pidfd = pidfd
 	f.ck.resumed = true
+	if req.Leaf == "" {
+		// As for a cloned fiber: what it starts is found by its session
+		// after a crash of fiberd. finish removes the record.
+		st, err := procrec.ReadStat(pid)
+		if err == nil {
+			f.rec, err = recs.AddProcess(pid, st.Start)
+		}
+		if err != nil {
+			p.log.Error(err, "Resumed fiber not recorded: a crash of fiberd would leave what it started", "fence", req.Fence.String())
+		}
+	}
 	var lst *os.File
 	if m.Network == "tcp" || m.Network == "tcp6" {
 		fd, err := unix.PidfdGetfd(pidfd, 3, 0)

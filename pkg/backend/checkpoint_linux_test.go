@@ -18,6 +18,7 @@ import (
 
 	"fiberd.io/fiberd/pkg/cgroup"
 	"fiberd.io/fiberd/pkg/core"
+	"fiberd.io/fiberd/pkg/procrec"
 )
 
 // testTemplate is the template reference tests park under (warm's).
@@ -336,8 +337,8 @@ func TestParkDiskFull(t *testing.T) {
 	})
 	dir := filepath.Join(mnt, "img")
 	_, err := p.Park(ctxT(t), ParkRequest{Fence: f.Fence, Dir: dir, Template: testTemplate})
-	if err == nil || !strings.Contains(err.Error(), "no space left on device") {
-		t.Fatalf("Park into a full tmpfs = %v, want an error saying no space is left", err)
+	if err == nil || !strings.Contains(err.Error(), "no space left on device") || !errors.Is(err, ErrNoSpace) {
+		t.Fatalf("Park into a full tmpfs = %v, want an error saying no space is left (ErrNoSpace)", err)
 	}
 	t.Logf("Park: %v", err)
 	if ents, _ := os.ReadDir(mnt); len(ents) != 0 {
@@ -855,7 +856,7 @@ func TestParkOpenConnections(t *testing.T) {
 			dir := filepath.Join(t.TempDir(), "img")
 			_, err = p.Park(ctxT(t), ParkRequest{Fence: f.Fence, Dir: dir, Template: testTemplate})
 			if unixSock {
-				if err == nil || !strings.Contains(err.Error(), "unix listener is open or waiting") {
+				if err == nil || !strings.Contains(err.Error(), "unix listener is open or waiting") || !errors.Is(err, ErrBusy) {
 					t.Fatalf("Park with a unix connection open = %v, want a refusal saying so", err)
 				}
 				io.WriteString(c, "\r\n")
@@ -927,6 +928,43 @@ func TestResumedFiberOrphans(t *testing.T) {
 	}
 	if !gone(leaf.Path()) {
 		t.Fatalf("leaf %s still exists", leaf)
+	}
+}
+
+// TestResumedFiberOrphansWithoutLeaf: without a leaf, what a resumed
+// fiber left behind in its session (reparented to fiberd, the subreaper)
+// is killed and reaped when the fiber ends, one in another process group
+// of the session too: no zombie of fiberd is left.
+func TestResumedFiberOrphansWithoutLeaf(t *testing.T) {
+	criuForTest(t)
+	if !inSubreaper(t) {
+		return
+	}
+	p := newCkpt(t)
+	uid, f, _ := running(t, p, true, 1, "")
+	dir := filepath.Join(t.TempDir(), "img")
+	park(t, p, f.Fence, dir)
+	nextExit(t, p)
+	ep := listen(t, true)
+	r := resume(t, p, ResumeRequest{Fence: fence(uid, 2), Image: dir, Listener: ep.file})
+	body, err := get(ep, "/orphan/pgrp")
+	if err != nil {
+		t.Fatal(err)
+	}
+	orphan, err := strconv.Atoi(strings.TrimSpace(strings.TrimPrefix(body, "orphan=")))
+	if err != nil {
+		t.Fatalf("GET /orphan/pgrp: %q", body)
+	}
+	if e := nextExit(t, p); e.Fence != r.Fiber.Fence || e.Reason.Code != 0 {
+		t.Fatalf("Exit = %+v, want %s exit:0", e, r.Fiber.Fence)
+	}
+	waitGone(t, orphan)
+	waitGone(t, r.Fiber.PID)
+	for deadline := time.Now().Add(10 * time.Second); len(zombieChildren()) > 0 && time.Now().Before(deadline); {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if z := zombieChildren(); len(z) != 0 {
+		t.Fatalf("zombie children left: %v", z)
 	}
 }
 
@@ -1112,4 +1150,71 @@ func killedHelper(t *testing.T, v string) {
 		p.Resume(context.Background(), ResumeRequest{Fence: fence(uid, 2), Image: img, Template: testTemplate, Listener: ep.file, Leaf: leaf.Path()})
 	}
 	time.Sleep(time.Minute) // killed before this ends
+}
+
+// TestResumedFiberRecorded: a fiber resumed without a leaf is recorded in
+// the grant's process records like a cloned one (so the sweep after a crash
+// of fiberd ends its session), the restore's own record is gone once
+// Resume returns, and the fiber's record is removed when it ends.
+func TestResumedFiberRecorded(t *testing.T) {
+	p := newCkpt(t)
+	recs, err := procrec.Open(filepath.Join(t.TempDir(), "procs"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	uid := uidFor(t)
+	if err := p.Warm(ctxT(t), WarmRequest{Grant: core.Grant{UID: uid, Template: testTemplate}, Spec: kindC.spec(t), RunDir: t.TempDir(), Records: recs}); err != nil {
+		t.Fatal(err)
+	}
+	records := func() []string {
+		ents, _ := os.ReadDir(recs.Path())
+		var out []string
+		for _, e := range ents {
+			out = append(out, e.Name())
+		}
+		return out
+	}
+	has := func(pid int) bool {
+		for _, n := range records() {
+			if strings.HasPrefix(n, fmt.Sprintf("p-%d-", pid)) {
+				return true
+			}
+		}
+		return false
+	}
+	ep := listen(t, false)
+	f, err := p.Clone(ctxT(t), CloneRequest{Fence: fence(uid, 1), Listener: ep.file})
+	if err != nil {
+		t.Fatal(err)
+	}
+	counterOf(t, ep)
+	if !has(f.PID) {
+		t.Fatalf("the cloned fiber %d is not recorded: %v", f.PID, records())
+	}
+	dir := filepath.Join(t.TempDir(), "img")
+	park(t, p, f.Fence, dir)
+	nextExit(t, p)
+	if has(f.PID) {
+		t.Fatalf("the parked fiber's record is left: %v", records())
+	}
+	r := resume(t, p, ResumeRequest{Fence: fence(uid, 2), Image: dir, Listener: ep.file})
+	ep.file = r.Listener
+	if n := counterOf(t, ep); n != 2 {
+		t.Fatalf("resumed fiber counted %d, want 2", n)
+	}
+	if !has(r.Fiber.PID) {
+		t.Fatalf("the resumed fiber %d is not recorded: %v", r.Fiber.PID, records())
+	}
+	for _, n := range records() {
+		if strings.HasPrefix(n, "r-") {
+			t.Fatalf("the restore's record %s outlived Resume", n)
+		}
+	}
+	if err := p.Kill(ctxT(t), r.Fiber.Fence); err != nil {
+		t.Fatal(err)
+	}
+	nextExit(t, p)
+	if has(r.Fiber.PID) {
+		t.Fatalf("the ended resumed fiber's record is left: %v", records())
+	}
 }

@@ -197,8 +197,8 @@ func ownDir(dir string) error {
 }
 
 // criuFailure turns a failed criu run into an error: its exit, the error
-// lines of its log and, when the image's filesystem is full, that. The log's
-// path is named when it is kept.
+// lines of its log and, when the image's filesystem is full, that (the
+// error then wraps ErrNoSpace). The log's path is named when it is kept.
 func criuFailure(action string, runErr error, logPath, dir string, kept bool) error {
 	msg := errorLines(logPath, 4)
 	full := strings.Contains(msg, "No space left") || strings.Contains(msg, "Disk quota exceeded")
@@ -214,6 +214,9 @@ func criuFailure(action string, runErr error, logPath, dir string, kept bool) er
 	}
 	if kept {
 		msg += " (log " + logPath + ")"
+	}
+	if full {
+		return fmt.Errorf("criu %s failed (%v): %s: %w", action, runErr, msg, ErrNoSpace)
 	}
 	return fmt.Errorf("criu %s failed (%v): %s", action, runErr, msg)
 }

@@ -120,7 +120,10 @@
 // template, or a damaged one, with ErrImageUnusable. A resumed fiber is
 // fiberd's child rather than the zygote's: a watcher goroutine reaps it
 // by pidfd, and the processes it leaves behind (reparented to fiberd) are
-// reaped from its leaf. A fiber that leads its own pid namespace is parked
+// reaped from its leaf, or without a leaf from its session. criu restore
+// runs from a thread the backend keeps for it (spawn_linux.go), and a
+// resume without a leaf is recorded in WarmRequest.Records while criu runs
+// (procrec's restore record) and after. A fiber that leads its own pid namespace is parked
 // with its namespace and resumed into a new one; a fiber inside a pid
 // namespace it does not lead cannot be parked. See checkpoint.go and
 // docs/operations.md.

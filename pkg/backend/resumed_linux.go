@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"strconv"
+	"strings"
 	"syscall"
 	"time"
 	"unsafe"
@@ -15,6 +17,7 @@ import (
 
 	"fiberd.io/fiberd/pkg/cgroup"
 	"fiberd.io/fiberd/pkg/core"
+	"fiberd.io/fiberd/pkg/procrec"
 )
 
 // Resumed fibers: the watcher that reaps them, and the zygote teardown's
@@ -192,18 +195,24 @@ func (p *Proc) watcher() {
 		sweep := c.sweep
 		c.sweep = false
 		var leaves []string
+		var sessions []int
 		skip := map[int]bool{}
 		if sweep {
 			for f := range c.watched {
 				skip[f.pid] = true
 				if f.leaf != "" {
 					leaves = append(leaves, f.leaf)
+				} else {
+					sessions = append(sessions, f.pid)
 				}
 			}
 		}
 		c.mu.Unlock()
 		for _, leaf := range leaves {
 			reapZombiesIn(leaf, skip)
+		}
+		for _, sid := range sessions {
+			reapZombies(childrenInSession(sid, true), skip)
 		}
 		if len(held) > 0 {
 			timeout = heldPollMillis
@@ -251,22 +260,37 @@ func (p *Proc) watcher() {
 }
 
 // finishResumed finishes a resumed fiber that ended, and reaps its orphans
-// in its leaf (fiberd's children now): the dead ones at once, the living
-// ones once finish has killed them with the leaf.
+// (fiberd's children now) in its leaf, or without a leaf in its session:
+// the dead ones at once, the living ones once finish has killed them with
+// the leaf or the fiber's process group.
 func (p *Proc) finishResumed(f *fiber, r ExitReason) {
+	var pids []int
 	if f.leaf == "" {
-		p.finish(f, r)
-		return
+		reapZombies(childrenInSession(f.pid, true), map[int]bool{f.pid: true})
+		for _, pid := range childrenInSession(f.pid, false) {
+			if pid != f.pid {
+				pids = append(pids, pid)
+			}
+		}
+	} else {
+		reapZombiesIn(f.leaf, map[int]bool{f.pid: true})
+		pids, _ = cgroup.At(f.leaf).Procs()
 	}
-	reapZombiesIn(f.leaf, map[int]bool{f.pid: true})
 	var fds []int
-	pids, _ := cgroup.At(f.leaf).Procs()
 	for _, pid := range pids {
 		if fd, _, err := fiberPidfd(pid, os.Getpid()); err == nil {
 			fds = append(fds, fd)
 		}
 	}
 	p.finish(f, r)
+	if f.leaf == "" {
+		// finish killed the fiber's process group; what it started in
+		// another group of its session goes too, as procrec's sweep
+		// would end it.
+		for _, fd := range fds {
+			_ = unix.PidfdSendSignal(fd, unix.SIGKILL, nil, 0)
+		}
+	}
 	ctx, cancel := core.WithTimeout(context.Background(), p.cfg.Clock, p.cfg.KillTimeout)
 	defer cancel()
 	for _, fd := range fds {
@@ -278,7 +302,34 @@ func (p *Proc) finishResumed(f *fiber, r ExitReason) {
 // reapZombiesIn reaps fiberd's zombie children that died in a leaf, but
 // those in skip.
 func reapZombiesIn(leaf string, skip map[int]bool) {
-	for _, pid := range zombieChildrenIn(leaf) {
+	reapZombies(zombieChildrenIn(leaf), skip)
+}
+
+// childrenInSession lists fiberd's children in session sid (the zombies
+// only, with zombies): what a resumed fiber without a leaf left behind is
+// found there, as procrec finds it after a crash.
+func childrenInSession(sid int, zombies bool) []int {
+	var out []int
+	self := os.Getpid()
+	tasks, _ := os.ReadDir(fmt.Sprintf("/proc/%d/task", self))
+	for _, task := range tasks {
+		b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/children", self, task.Name()))
+		for _, field := range strings.Fields(string(b)) {
+			pid, err := strconv.Atoi(field)
+			if err != nil {
+				continue
+			}
+			if st, err := procrec.ReadStat(pid); err == nil && st.Session == sid && (!zombies || st.Zombie) {
+				out = append(out, pid)
+			}
+		}
+	}
+	return out
+}
+
+// reapZombies reaps the zombie children pids of fiberd, but those in skip.
+func reapZombies(pids []int, skip map[int]bool) {
+	for _, pid := range pids {
 		if skip[pid] {
 			continue
 		}
@@ -301,6 +352,7 @@ func (p *Proc) closeCheckpoint(ctx context.Context) error {
 	started := c.started
 	c.wakeLocked()
 	c.mu.Unlock()
+	defer c.spawn.close() // after every resumed fiber: its thread is their parent
 	if !started {
 		return nil
 	}

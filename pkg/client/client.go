@@ -166,17 +166,23 @@ func (c *Client) ReleaseFiber(ctx context.Context, req api.FiberRequest) error {
 	return c.do(ctx, http.MethodPost, "/v1/release", req, nil)
 }
 
-// Park checkpoints the fiber fiberID. A tier without checkpoints is an
-// *Error unwrapping to core.ErrTierGap. Like Release, the id alone is
-// enough only on a listener that authenticates (see ParkFiber).
-func (c *Client) Park(ctx context.Context, fiberID string) error {
+// Park parks the fiber fiberID: its memory is written to the home's disk,
+// the fiber ends, and a Clone naming its session (and grant) resumes it;
+// Release of fiberID deletes it. A tier without checkpoints is an *Error
+// unwrapping to core.ErrTierGap; a fiber without a session one unwrapping
+// to core.ErrInvalid; a busy fiber (409 BUSY) or one without room (507
+// INSUFFICIENT_STORAGE) an *Error of that code, the fiber running on. Like
+// Release, the id alone is enough only on a listener that authenticates
+// (see ParkFiber).
+func (c *Client) Park(ctx context.Context, fiberID string) (api.ParkResponse, error) {
 	return c.ParkFiber(ctx, api.FiberRequest{FiberID: fiberID})
 }
 
-// ParkFiber checkpoints the fiber req names, with the proof of
-// ReleaseFiber.
-func (c *Client) ParkFiber(ctx context.Context, req api.FiberRequest) error {
-	return c.do(ctx, http.MethodPost, "/v1/park", req, nil)
+// ParkFiber parks the fiber req names, with the proof of ReleaseFiber.
+func (c *Client) ParkFiber(ctx context.Context, req api.FiberRequest) (api.ParkResponse, error) {
+	var out api.ParkResponse
+	err := c.do(ctx, http.MethodPost, "/v1/park", req, &out)
+	return out, err
 }
 
 // Status is the agent's status: its epoch, lane health and every admitted

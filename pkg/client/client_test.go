@@ -221,7 +221,7 @@ func TestReleaseParkStatusOverUnixSocket(t *testing.T) {
 		if err := json.NewDecoder(r.Body).Decode(&fr); err != nil || fr.FiberID != "g1/4/1" {
 			t.Errorf("release body %+v, %v", fr, err)
 		}
-		if err := c.Park(ctx, "g1/4/1"); !errors.Is(err, core.ErrTierGap) {
+		if _, err := c.Park(ctx, "g1/4/1"); !errors.Is(err, core.ErrTierGap) {
 			t.Errorf("%s: Park = %v, want a tier gap", addr, err)
 		}
 		<-agent.seen
@@ -234,7 +234,7 @@ func TestReleaseParkStatusOverUnixSocket(t *testing.T) {
 		if err := json.NewDecoder(r.Body).Decode(&fr); err != nil || fr != proof {
 			t.Errorf("ReleaseFiber body %+v, %v; want %+v", fr, err, proof)
 		}
-		if err := c.ParkFiber(ctx, proof); !errors.Is(err, core.ErrTierGap) {
+		if _, err := c.ParkFiber(ctx, proof); !errors.Is(err, core.ErrTierGap) {
 			t.Errorf("%s: ParkFiber = %v, want a tier gap", addr, err)
 		}
 		r = <-agent.seen

@@ -31,6 +31,7 @@ type Reservation struct {
 	Fence   Fence
 	Session string
 	entry   *ledgerEntry
+	settled bool // Commit or Cancel freed the slot; guarded by the ledger's mu
 }
 
 // GrantState is a grant's entry as Snapshot shows it.
@@ -269,6 +270,10 @@ func (l *Ledger) Reserve(uid, session string, now time.Time) (res *Reservation, 
 func (l *Ledger) Commit(res *Reservation, f Fiber) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	if res.settled {
+		return fmt.Errorf("fiber %s: reservation already committed or cancelled: %w", res.Fence, ErrStaleCommit)
+	}
+	res.settled = true
 	res.entry.reserved--
 	if l.grants[res.Fence.GrantUID] != res.entry || l.epoch != res.Fence.Epoch {
 		return fmt.Errorf("fiber %s: %w", res.Fence, ErrStaleCommit)
@@ -282,10 +287,16 @@ func (l *Ledger) Commit(res *Reservation, f Fiber) error {
 	return nil
 }
 
-// Cancel frees the slot of a reservation whose fork failed.
+// Cancel frees the slot of a reservation whose fork failed. Cancelling a
+// reservation already committed (a Commit that failed freed its slot too)
+// or cancelled does nothing.
 func (l *Ledger) Cancel(res *Reservation) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	if res.settled {
+		return
+	}
+	res.settled = true
 	res.entry.reserved--
 }
 

@@ -161,6 +161,37 @@ func TestLedgerEpochBumpRefusesCommit(t *testing.T) {
 	}
 }
 
+// TestLedgerCancelAfterFailedCommit: the agent cancels every reservation
+// whose Clone failed, also one whose Commit failed (which freed its slot
+// already): that frees nothing twice, so fibers.max still holds.
+func TestLedgerCancelAfterFailedCommit(t *testing.T) {
+	l := NewLedger(1)
+	l.Admit(testGrant("g", 1))
+	res, _, err := l.Reserve("g", "", t0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.SetEpoch(2)
+	if err := l.Commit(res, Fiber{}); !errors.Is(err, ErrStaleCommit) {
+		t.Fatalf("commit across an epoch bump: %v", err)
+	}
+	l.Cancel(res)
+	l.Cancel(res)
+	r, _, err := l.Reserve("g", "", t0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Commit(r, Fiber{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := l.Reserve("g", "", t0); !errors.Is(err, ErrNoCapacity) {
+		t.Fatalf("a second fiber of a grant of fibers.max 1 was reserved (%v): a slot was freed twice", err)
+	}
+	if err := l.Commit(r, Fiber{}); !errors.Is(err, ErrStaleCommit) {
+		t.Fatalf("a second Commit of one reservation = %v, want ErrStaleCommit", err)
+	}
+}
+
 func TestLedgerYieldDuringCloneRefusesCommit(t *testing.T) {
 	l := NewLedger(1)
 	l.Admit(testGrant("g", 3))

@@ -182,6 +182,31 @@ func (a *Allocator) Listen(family Family, host string) (net.Listener, string, er
 	return nil, "", fmt.Errorf("port range %s on %s: every port is held or in use: %w", a.r, host, ErrExhausted)
 }
 
+// ListenAt binds a TCP listener at addr (host:port, an IP literal host),
+// as Listen binds fibers' listeners (plain TCP, never Multipath), without
+// the allocator: the agent binds a parked fiber's address again to resume
+// it, its port still held. It fails with the bind's error
+// (syscall.EADDRINUSE when something else has taken the address).
+func ListenAt(addr string) (net.Listener, error) {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return nil, fmt.Errorf("listen on %q: %v: %w", addr, err, core.ErrInvalid)
+	}
+	ip, err := netip.ParseAddr(host)
+	if err != nil {
+		return nil, fmt.Errorf("listen on %q: host is not an IP: %w", addr, core.ErrInvalid)
+	}
+	network := "tcp6"
+	if ip.Is4() || ip.Is4In6() {
+		network = "tcp4"
+	}
+	l, err := fiberListenConfig.Listen(context.Background(), network, addr)
+	if err != nil {
+		return nil, fmt.Errorf("listen on %s: %w", addr, err)
+	}
+	return l, nil
+}
+
 // fiberListenConfig binds fibers' TCP listeners as plain TCP. Go listens
 // with Multipath TCP by default where the kernel has it, and CRIU cannot
 // dump an MPTCP socket ("Unsupported proto 262"), so such a fiber could

@@ -72,6 +72,8 @@ type Agent struct {
 	// queue runs the grants' reconciles; set by Run before anything can
 	// add to it.
 	queue *workQueue
+	// park is the CHECKPOINT tier's state (park.go), set by New.
+	park parkState
 
 	// Locks, in the order they may be taken (a lock is never taken while
 	// one after it is held):
@@ -109,6 +111,10 @@ type fiberHandle struct {
 	measured bool
 	// over is the reason the budget loop ended the fiber, nil until then.
 	over atomic.Pointer[string]
+	// used is when a Clone last named the fiber, in Unix nanoseconds on
+	// the agent's clock; 0 until one attaches (a pressure park reads the
+	// fiber's Created then).
+	used atomic.Int64
 }
 
 // New validates cfg and prepares the agent in the order of ARCHITECTURE
@@ -206,6 +212,9 @@ func New(ctx context.Context, cfg Config) (a *Agent, err error) {
 	a.metrics, err = newMetrics(cfg.Registry, a)
 	if err != nil {
 		return nil, fmt.Errorf("fiberd: metrics: %w", err)
+	}
+	if err := a.initPark(ctx, private); err != nil {
+		return nil, err
 	}
 	if sl, ok := cfg.Home.(ScopeLoser); ok {
 		sl.OnScopeLost(a.scopeLost)
@@ -458,6 +467,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		}
 	}
 	yields.Wait()
+	a.park.bg.Wait() // the deletions of spent images
 	for _, b := range a.backends() {
 		if err := b.Close(); err != nil {
 			a.log.Error(err, "Closing a backend", "tier", b.Tier())

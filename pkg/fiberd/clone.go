@@ -99,7 +99,7 @@ func (a *Agent) clone(ctx context.Context, req api.CloneRequest, authed bool) (a
 	if v.gap != nil {
 		return api.CloneResponse{}, "", v.gap
 	}
-	if m := a.pressureShed(ctx, s, v); m != nil {
+	if m := a.pressureShed(ctx, s, v); m != nil && !a.parkForPressure(ctx, s, req.Session) {
 		return api.CloneResponse{}, "", m
 	}
 	if v.admitted && !(v.warm && v.backend.Warmed(uid)) {
@@ -124,7 +124,16 @@ func (a *Agent) clone(ctx context.Context, req api.CloneRequest, authed bool) (a
 		return api.CloneResponse{}, "", a.miss(err)
 	}
 	if attach != nil {
+		a.touch(attach)
 		return api.CloneResponse{FiberID: attach.Fence.String(), Endpoint: attach.Endpoint, Fence: attach.Fence, Kind: api.KindAttach}, api.KindAttach, nil
+	}
+	if p := s.takeParked(req.Session); p != nil {
+		resp, err := a.resume(ctx, res, v, s, p)
+		if err != nil {
+			a.ledger.Cancel(res)
+			return api.CloneResponse{}, api.KindResume, err
+		}
+		return resp, api.KindResume, nil
 	}
 	resp, err := a.create(ctx, res, v, req.Payload)
 	if err != nil {

@@ -206,6 +206,13 @@ type Config struct {
 	// default (see Limits).
 	Limits Limits
 
+	// Park configures parking fibers (the CHECKPOINT tier, which the Warm
+	// backend offers when it is a backend.Checkpointer whose CRIU works):
+	// the bounds of each grant's parked images, a park's time, and parking
+	// under memory pressure (off by default). Each zero field takes its
+	// default (see ParkLimits).
+	Park ParkLimits
+
 	// AdminUnsafe enables the admin socket's test-only routes POST /issuer
 	// and POST /scope-lost (-admin-unsafe). Validate refuses it unless the
 	// binary was built with the testhooks tag (see TestHooks). Default
@@ -258,6 +265,7 @@ func (c Config) withDefaults() Config {
 		c.ClockSkew = grant.DefaultLeeway
 	}
 	c.Limits = c.Limits.withDefaults()
+	c.Park = c.Park.withDefaults()
 	return c
 }
 
@@ -329,6 +337,9 @@ func (c Config) ValidateSettings() error {
 		return bad("AdminUnsafe is set but this binary was built without the testhooks tag: drop -admin-unsafe")
 	}
 	if err := c.Limits.validate(); err != nil {
+		return bad("%v", err)
+	}
+	if err := c.Park.validate(); err != nil {
 		return bad("%v", err)
 	}
 	if c.EndpointFamily != endpoint.Unix {

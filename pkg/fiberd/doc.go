@@ -73,8 +73,8 @@
 // with Retry-After; 503 DEFERRED_FALLBACK; 412 tier gap; 400 malformed (413
 // oversized, 408 a body not received in time); 401 unverified (or a
 // release without proof, below); 403 a browser's request; 404 unknown or
-// older-epoch fiber; 415 a plaintext POST that is not JSON; 500 runtime
-// fault. A capacity miss (unknown, denied or lapsed grant, at fibers.max,
+// older-epoch fiber; 409 a park of a busy fiber; 415 a plaintext POST that
+// is not JSON; 507 a park without room; 500 runtime fault. A capacity miss (unknown, denied or lapsed grant, at fibers.max,
 // template not warm) is DEFERRED_FALLBACK while the home's lane is healthy
 // and SHED while stale; an unverifiable token (issuer keys never loaded or
 // stale), the thrash budget and memory pressure are always SHED. Every miss
@@ -104,6 +104,24 @@
 // The admin socket StateDir/private/admin.sock serves GET /healthz. A build
 // with the testhooks tag (TestHooks) adds POST /issuer {"reachable":bool}
 // and POST /scope-lost, which answer 403 unless Config.AdminUnsafe.
+//
+// # Parking (the CHECKPOINT tier)
+//
+// When the WARM backend is a backend.Checkpointer whose CRIU works (asked
+// once by New, said in the log, the status and fiberd_checkpoint_available)
+// its grants serve at tier CHECKPOINT: POST /v1/park of a fiber with a
+// session writes its processes to an image under StateDir/private/parked
+// and ends it, freeing its running slot; the session stays parked on the
+// grant's slot (status, watch, metrics). A Clone naming the session
+// resumes it (kind resume): a reservation and a new fence as for a new
+// fiber, the image restored into a new leaf, listening where it did (TCP,
+// its port held while parked) or on a new unix socket. Images are deleted
+// when the session resumes, when the parked fiber id is released, when the
+// grant is yielded, when the epoch moves, and at every start. A failed
+// resume is a miss; the image goes only when it is unusable. Config.Park
+// bounds each grant's images and, with Pressure, lets a Clone that memory
+// pressure would shed park the grant's largest idle fiber instead (park.go,
+// park_pressure.go; docs/design.md decisions 50-58).
 //
 // # Optional home interfaces
 //

@@ -17,14 +17,20 @@ var (
 	errRunTwice = errors.New("fiberd: Run called twice or after Close")
 )
 
-// tierGap is a park on a tier without checkpoints.
+// tierGap is a park on a tier without checkpoints; why, when set, says
+// what is missing.
 type tierGap struct {
 	fence core.Fence
 	tier  core.Tier
+	why   error
 }
 
 func (e *tierGap) Error() string {
-	return "fiber " + e.fence.String() + " runs at tier " + string(e.tier) + ", which cannot park: no CHECKPOINT tier on this home"
+	msg := "fiber " + e.fence.String() + " runs at tier " + string(e.tier) + ", which cannot park: no CHECKPOINT tier on this home"
+	if e.why != nil {
+		msg = "fiber " + e.fence.String() + " runs at tier " + string(e.tier) + ", which cannot park: " + e.why.Error()
+	}
+	return msg
 }
 
 func (e *tierGap) Unwrap() error { return core.ErrTierGap }

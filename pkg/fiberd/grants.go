@@ -218,6 +218,11 @@ func (a *Agent) exitLoop(b backend.Backend) {
 			a.notify()
 			continue
 		}
+		if ex.Reason.Parked {
+			// The park that ended it takes it out of the ledger and keeps
+			// its port for the resume (park.go).
+			continue
+		}
 		if f, ok := a.ledger.Remove(ex.Fence); ok {
 			a.freeFiber(f)
 			reason, label, over := exitReason(f, ex.Reason)
@@ -276,6 +281,7 @@ func (a *Agent) bumpEpoch(ctx context.Context, reason string) uint64 {
 	for _, f := range fibers {
 		a.releaseFiber(ctx, f)
 	}
+	a.dropAllParked("epoch")
 	a.log.Info("Epoch bumped; every running fiber released", "epoch", n, "reason", reason, "fibers", len(fibers))
 	a.notify()
 	return n

@@ -243,7 +243,7 @@ func redact(st api.Status) api.Status {
 	st.Redacted = true
 	grants := make([]api.GrantStatus, len(st.Grants))
 	for i, g := range st.Grants {
-		g.Fibers, g.LatestFence = nil, nil
+		g.Fibers, g.LatestFence, g.ParkedSessions = nil, nil, nil
 		grants[i] = g
 	}
 	st.Grants = grants

@@ -190,8 +190,9 @@ type env struct {
 	stop     func()
 	runErr   chan error
 	stateDir string
-	pressure pressureReader             // replaces the agent's readPressure when set
-	measure  func([]int) (int64, error) // replaces the agent's measure when set
+	pressure pressureReader                    // replaces the agent's readPressure when set
+	measure  func([]int) (int64, error)        // replaces the agent's measure when set
+	parkSize func(*fiberHandle) (int64, error) // replaces the agent's park.size when set
 }
 
 type envOption func(*env)
@@ -288,6 +289,9 @@ func (e *env) start() {
 	}
 	if e.measure != nil {
 		a.measure = e.measure
+	}
+	if e.parkSize != nil {
+		a.park.size = e.parkSize
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	e.runErr = make(chan error, 1)

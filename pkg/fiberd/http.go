@@ -2,6 +2,7 @@ package fiberd
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -13,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"fiberd.io/fiberd/pkg/api"
+	"fiberd.io/fiberd/pkg/backend"
 	"fiberd.io/fiberd/pkg/core"
 )
 
@@ -71,7 +73,23 @@ func (a *apiServer) handleClone(w http.ResponseWriter, r *http.Request) {
 }
 
 func (a *apiServer) handleRelease(w http.ResponseWriter, r *http.Request) {
-	f, err := a.fiberOf(w, r)
+	req, fence, authed, err := a.fiberRequest(w, r)
+	if err != nil {
+		a.writeError(w, err)
+		return
+	}
+	f, err := a.lookupFiber(r.Context(), req, fence, authed)
+	if errors.Is(err, core.ErrNotFound) {
+		// A parked session's fiber id: its release deletes the image.
+		if perr := a.releaseParked(r.Context(), req, fence, authed); !errors.Is(perr, core.ErrNotFound) {
+			if perr != nil {
+				a.writeError(w, perr)
+				return
+			}
+			writeJSON(w, http.StatusOK, api.FiberRequest{FiberID: fence.String()})
+			return
+		}
+	}
 	if err != nil {
 		a.writeError(w, err)
 		return
@@ -86,37 +104,43 @@ func (a *apiServer) handleRelease(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, api.FiberRequest{FiberID: f.Fence.String()})
 }
 
-func (a *apiServer) handlePark(w http.ResponseWriter, r *http.Request) {
-	f, err := a.fiberOf(w, r)
-	if err != nil {
-		a.writeError(w, err)
-		return
-	}
-	a.writeError(w, &tierGap{fence: f.Fence, tier: f.Tier})
-}
-
 // fiberOf decodes a FiberRequest, looks its fiber up and checks the caller
 // may end it (authorizeFiber): 400 for a malformed id, 401 for an
 // unauthenticated caller without the fiber's release key or grant token,
 // 404 for a fiber unknown or of an older epoch.
 func (a *apiServer) fiberOf(w http.ResponseWriter, r *http.Request) (core.Fiber, error) {
-	var req api.FiberRequest
-	if err := a.decode(w, r, &req); err != nil {
-		return core.Fiber{}, err
-	}
-	fence, err := parseFiberID(req.FiberID)
+	req, fence, authed, err := a.fiberRequest(w, r)
 	if err != nil {
 		return core.Fiber{}, err
 	}
-	authed := authenticated(r)
-	if !authed && req.ReleaseKey == "" && req.Grant == "" {
-		return core.Fiber{}, fmt.Errorf("fiber %s: %v: %w", fence, errNoProof, core.ErrUnauthenticated)
+	return a.lookupFiber(r.Context(), req, fence, authed)
+}
+
+// fiberRequest decodes a FiberRequest and parses its fiber id: 400 for a
+// malformed id, 401 for an unauthenticated caller that presents no proof
+// at all.
+func (a *apiServer) fiberRequest(w http.ResponseWriter, r *http.Request) (req api.FiberRequest, fence core.Fence, authed bool, err error) {
+	if err = a.decode(w, r, &req); err != nil {
+		return req, fence, false, err
 	}
+	if fence, err = parseFiberID(req.FiberID); err != nil {
+		return req, fence, false, err
+	}
+	authed = authenticated(r)
+	if !authed && req.ReleaseKey == "" && req.Grant == "" {
+		return req, fence, authed, fmt.Errorf("fiber %s: %v: %w", fence, errNoProof, core.ErrUnauthenticated)
+	}
+	return req, fence, authed, nil
+}
+
+// lookupFiber looks running fiber fence up and checks the caller may end
+// it: 404 for a fiber unknown or of an older epoch, 401 without its proof.
+func (a *apiServer) lookupFiber(ctx context.Context, req api.FiberRequest, fence core.Fence, authed bool) (core.Fiber, error) {
 	f, err := a.ledger.Lookup(fence)
 	if err != nil {
 		return core.Fiber{}, err
 	}
-	if err := a.authorizeFiber(r.Context(), authed, req, fence); err != nil {
+	if err := a.authorizeFiber(ctx, authed, req, fence); err != nil {
 		return core.Fiber{}, err
 	}
 	return f, nil
@@ -206,6 +230,8 @@ func (a *Agent) status() api.Status {
 		Ready:  a.home.Ready(),
 		Scope:  a.home.Scope(),
 		Grants: []api.GrantStatus{},
+
+		Checkpoint: a.checkpointStatus(),
 	}
 	for _, gs := range a.ledger.Snapshot() {
 		g := gs.Grant
@@ -215,6 +241,7 @@ func (a *Agent) status() api.Status {
 		}
 		if s := a.slotOf(g.UID); s != nil {
 			s.status(&out)
+			a.parkStatus(s, &out)
 		}
 		if gs.LastSeq > 0 {
 			out.LatestFence = &core.Fence{GrantUID: g.UID, Epoch: st.Epoch, Seq: gs.LastSeq}
@@ -241,7 +268,8 @@ func (a *Agent) decode(w http.ResponseWriter, r *http.Request, v any) error {
 // (DEFERRED_FALLBACK), naming the issuer; core.ErrInvalid 400 (413 for an
 // oversized body, 408 for one not received in time);
 // core.ErrUnauthenticated 401; core.ErrNotFound 404;
-// core.ErrTierGap 412; anything else 500. It returns the clone outcome.
+// core.ErrTierGap 412; a park that is busy 409 and one without room 507
+// (park.go); anything else 500. It returns the clone outcome.
 func (a *Agent) writeError(w http.ResponseWriter, err error) string {
 	if m, ok := core.IsMiss(err); ok {
 		body := api.Error{Code: string(m.Code), Message: m.Reason, Issuer: m.Issuer}
@@ -271,6 +299,10 @@ func (a *Agent) writeError(w http.ResponseWriter, err error) string {
 		outcome string
 	)
 	switch {
+	case errors.Is(err, errBusy), errors.Is(err, backend.ErrBusy):
+		status, code, outcome = http.StatusConflict, api.CodeBusy, outcomeInvalid
+	case errors.Is(err, errNoRoom), errors.Is(err, backend.ErrTooLarge), errors.Is(err, backend.ErrNoSpace):
+		status, code, outcome = http.StatusInsufficientStorage, api.CodeInsufficientStorage, outcomeInvalid
 	case errors.Is(err, errTooLarge):
 		status, code, outcome = http.StatusRequestEntityTooLarge, api.CodeInvalid, outcomeInvalid
 	case errors.Is(err, errBodyTimeout):

@@ -144,8 +144,11 @@ func (a *Agent) deadlines(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		rc := http.NewResponseController(w)
 		write := lim.WriteTimeout
-		if r.URL.Path == "/v1/clone" {
+		switch r.URL.Path {
+		case "/v1/clone":
 			write += a.cfg.CloneDeadline
+		case "/v1/park":
+			write += a.cfg.Park.Timeout
 		}
 		_ = rc.SetReadDeadline(wallDeadline(lim.BodyTimeout))
 		_ = rc.SetWriteDeadline(wallDeadline(write))

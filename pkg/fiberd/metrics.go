@@ -33,7 +33,7 @@ func newMetrics(reg prometheus.Registerer, a *Agent) (*metrics, error) {
 	m := &metrics{
 		clones: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "fiberd_clones_total",
-			Help: "Clone requests by kind (create, attach, none for refusals) and outcome (served, shed, deferred_fallback, tier_gap, invalid, unauthenticated, internal).",
+			Help: "Clone requests by kind (create, attach, resume, none for refusals) and outcome (served, shed, deferred_fallback, tier_gap, invalid, unauthenticated, internal).",
 		}, []string{"kind", "outcome"}),
 		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "fiberd_clone_duration_seconds",

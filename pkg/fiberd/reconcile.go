@@ -149,7 +149,11 @@ func (a *Agent) reconcileSlot(ctx context.Context, s *slot, token []byte) (resul
 	}
 	soonest(want.Expiry.Sub(now))
 
-	if err := a.ensureWarm(ctx, s); err != nil {
+	err := a.ensureWarm(ctx, s)
+	if err == nil {
+		err = a.parkFloor(s)
+	}
+	if err != nil {
 		if errors.Is(err, core.ErrTierGap) {
 			a.yield(ctx, s, "tier gap")
 			s.mu.Lock()
@@ -246,8 +250,11 @@ func (a *Agent) pick(g core.Grant, spec template.Spec) (backend.Backend, error) 
 	if min == "" {
 		min = core.TierBasic
 	}
-	if b.Tier().Rank() < min.Rank() {
-		return nil, fmt.Errorf("grant %q: needs tier %s, the best this agent serves its template at is %s: %w", g.UID, min, b.Tier(), core.ErrTierGap)
+	if t := a.tierOf(b, g.UID); t.Rank() < min.Rank() {
+		if min == core.TierCheckpoint && b == a.cfg.Warm && a.park.why != nil {
+			return nil, fmt.Errorf("grant %q: needs tier CHECKPOINT, the best this agent serves its template at is %s (%v): %w", g.UID, t, a.park.why, core.ErrTierGap)
+		}
+		return nil, fmt.Errorf("grant %q: needs tier %s, the best this agent serves its template at is %s: %w", g.UID, min, t, core.ErrTierGap)
 	}
 	return b, nil
 }
@@ -355,6 +362,7 @@ func (a *Agent) yield(ctx context.Context, s *slot, reason string) {
 	s.cg, s.cgRec, s.memCgroup, s.release, s.devices = nil, procrec.Record{}, false, nil, core.DeviceChannel{}
 	s.wakeLocked()
 	s.mu.Unlock()
+	a.dropParked(s, "yielded", true)
 	for _, f := range fibers {
 		a.freeFiber(f) // the backend's Stop ends them
 	}

@@ -95,6 +95,21 @@ type slot struct {
 	// budget, oldest first (recordExit); overBudget counts the latter.
 	exits      []api.FiberExit
 	overBudget int
+
+	// Parking (park.go). Unlike the rest of what is, parked sessions are
+	// written outside the reconcile, each under its session's gate (as a
+	// running fiber is the ledger's): a park adds one, a resume or a
+	// release takes one out; a yield or an epoch bump drops them all.
+
+	// parked are the grant's parked sessions by session name; nil when
+	// none.
+	parked map[string]*parkedSession
+	// parkTurn holds a token while one of the grant's parks runs; made on
+	// the first park.
+	parkTurn chan struct{}
+	// pressureParked is the pressure reading (its time) a pressure park
+	// was tried for.
+	pressureParked time.Time
 }
 
 func newSlot(uid string) *slot {

@@ -9,7 +9,11 @@
 // is created once the process exists and removed once it has been reaped;
 // creating one costs one open and close, and no sync: a record only has to
 // outlive fiberd, not the machine, whose reboot ends every process anyway.
-// A cgroup record, "c-<name>", holds the absolute path of a cgroup
+// A restore record, "r-<pid>-<after>", stands for a process a restore
+// (CRIU, parking fibers) is bringing back at a pid it chose before, with a
+// start time not known yet: it names whatever leads its own session at pid
+// having started at or after tick after, and lives only as long as the
+// restore. A cgroup record, "c-<name>", holds the absolute path of a cgroup
 // directory the run carved; it is written once per grant (a temporary
 // file, synced and renamed).
 //

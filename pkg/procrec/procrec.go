@@ -70,6 +70,29 @@ func (d *Dir) AddProcess(pid int, start uint64) (Record, error) {
 	return Record{path: p}, nil
 }
 
+// AddRestoring records a process that does not exist yet: the one a
+// restore (CRIU) started at start time after (clock ticks after boot, as
+// Stat.Start) will bring back at pid, leading its own session. Sweep ends
+// the process at pid when it leads its own session and started at or
+// after after, and the members of that session started at or after it.
+// The caller replaces it with AddProcess once the restore is done, and
+// removes it either way: it names no one process for good, so it must not
+// outlive the restore. On a nil Dir it records nothing.
+func (d *Dir) AddRestoring(pid int, after uint64) (Record, error) {
+	if d == nil {
+		return Record{}, nil
+	}
+	p := filepath.Join(d.path, "r-"+strconv.Itoa(pid)+"-"+strconv.FormatUint(after, 10))
+	f, err := os.OpenFile(p, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+	if err != nil {
+		return Record{}, fmt.Errorf("restore record: %w", err)
+	}
+	if err := f.Close(); err != nil {
+		return Record{}, fmt.Errorf("restore record: %w", err)
+	}
+	return Record{path: p}, nil
+}
+
 // AddCgroup records the cgroup directory dir under name (a grant UID: a
 // single path element). On a nil Dir it records nothing.
 func (d *Dir) AddCgroup(name, dir string) (Record, error) {

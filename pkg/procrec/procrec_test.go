@@ -204,6 +204,60 @@ func TestRecordRemove(t *testing.T) {
 	}
 }
 
+// TestSweepRestoreRecord: a restore record ends the session leader at its
+// pid that started at or after its tick, with the members of its session,
+// but never a process at that pid that started before (another process
+// than the one restored) nor one that does not lead its own session.
+func TestSweepRestoreRecord(t *testing.T) {
+	linuxOnly(t)
+	d, err := Open(filepath.Join(t.TempDir(), "procs"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	restored := startSession(t, "sleep 60 & read x")
+	earlier := startSession(t, "read x")
+	notLeader := exec.Command("/bin/sleep", "60") // in the test's session
+	if err := notLeader.Start(); err != nil {
+		t.Skipf("cannot start sleep: %v", err)
+	}
+	t.Cleanup(func() { _ = notLeader.Process.Kill(); _ = notLeader.Wait() })
+	nlStat, err := ReadStat(notLeader.Process.Pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	members := members(t, restored.pid, 2)
+	for _, r := range []struct {
+		pid   int
+		after uint64
+	}{
+		{restored.pid, restored.start},        // started at the tick: ended
+		{earlier.pid, earlier.start + 1},      // started before: left alone
+		{notLeader.Process.Pid, nlStat.Start}, // leads no session: left alone
+	} {
+		if _, err := d.AddRestoring(r.pid, r.after); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sw := sweep(t, d)
+	for _, pid := range members {
+		if alive := func() bool { st, err := ReadStat(pid); return err == nil && !st.Zombie }(); alive {
+			t.Errorf("process %d of the restored session still runs after the sweep", pid)
+		}
+	}
+	if !running(earlier.pid, earlier.start) {
+		t.Error("the sweep killed a process that started before the restore record's tick")
+	}
+	if !running(notLeader.Process.Pid, nlStat.Start) {
+		t.Error("the sweep killed a process that leads no session of its own")
+	}
+	if sw.Records != 3 || sw.Processes != len(members) {
+		t.Errorf("Sweep = %+v, want 3 records and %d processes", sw, len(members))
+	}
+	if ents, _ := os.ReadDir(d.Path()); len(ents) != 0 {
+		t.Errorf("records left after the sweep: %v", ents)
+	}
+}
+
 // TestSweepCgroup: a recorded cgroup is killed whole and removed. It needs
 // a writable cgroup v2 hierarchy.
 func TestSweepCgroup(t *testing.T) {

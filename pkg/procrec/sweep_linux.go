@@ -51,6 +51,9 @@ func (d *Dir) Sweep(ctx context.Context) (Swept, error) {
 		pid   int
 		start uint64
 		path  string
+		// after: a restore record (AddRestoring): start is the earliest
+		// start time, and the process must lead its own session.
+		after bool
 	}
 	var procs []proc
 	var errs []error
@@ -64,7 +67,15 @@ func (d *Dir) Sweep(ctx context.Context) (Swept, error) {
 				continue
 			}
 			sw.Records++
-			procs = append(procs, proc{pid, start, path})
+			procs = append(procs, proc{pid, start, path, false})
+		case strings.HasPrefix(name, "r-"):
+			pid, start, ok := parseProcName("p-" + strings.TrimPrefix(name, "r-"))
+			if !ok {
+				_ = os.Remove(path)
+				continue
+			}
+			sw.Records++
+			procs = append(procs, proc{pid, start, path, true})
 		case strings.HasPrefix(name, "c-"):
 			sw.Records++
 			b, err := core.ReadFileBounded(path, 4096)
@@ -101,10 +112,14 @@ func (d *Dir) Sweep(ctx context.Context) (Swept, error) {
 		table := scanProc()
 		targets := map[int]uint64{} // pid -> start
 		for _, r := range procs {
-			if st, ok := table[r.pid]; ok && st.Start != r.start {
+			st, ok := table[r.pid]
+			switch {
+			case r.after && ok && (st.Start < r.start || st.Session != r.pid):
+				continue // not what the restore brought back
+			case !r.after && ok && st.Start != r.start:
 				continue // the pid names another process, and so its session
-			} else if ok && !st.Zombie {
-				targets[r.pid] = r.start
+			case ok && !st.Zombie:
+				targets[r.pid] = st.Start
 			}
 			for pid, st := range table {
 				if st.Session == r.pid && st.Start >= r.start && !st.Zombie {

@@ -16,7 +16,11 @@
 // alive, nor any of its cgroups left, once a restarted fiberd serves.
 // TestHungTemplateDelaysNobody runs a template that never warms beside the
 // counters and checks that it holds up no other grant and no Clone's
-// deadline.
+// deadline. TestKill9MidParkLeavesNothing kills fiberd with SIGKILL while
+// CRIU dumps a fiber and while it restores one, with cgroups and without,
+// and checks that once a restarted fiberd serves no fiber, image, process
+// or cgroup of the killed run is left; it needs the CRIU hack/criu.sh
+// builds and root, and skips saying so (fails under FIBERD_CRIU_REQUIRED=1).
 //
 // It imports pkg/api, pkg/client and pkg/cgroup for their types and
 // helpers, and internal/devkit to build template specs; the daemon is

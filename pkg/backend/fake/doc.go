@@ -21,6 +21,11 @@
 //     grant's level as the real backends compute it, nothing is isolated.
 //   - Fibers end only when a test says so: Exit (a fiber ends on its own)
 //     and DieTemplate (a zygote dies) drive what a real process would.
+//   - Checkpoints (backend.Checkpointer) are absent until EnableCheckpoint:
+//     then Park writes an image directory holding one file of the size
+//     given, ends the fiber with an Exit saying Parked, and Resume brings
+//     an image it wrote back as a running fiber; the image's grant, epoch
+//     and template are checked, nothing of a process is.
 //
 // Per-method error injection and blocking: Hooks run before the fake does
 // its own work; a hook's non-nil error is returned as the method's error

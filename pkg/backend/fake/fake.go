@@ -22,6 +22,10 @@ type Hooks struct {
 	Clone func(ctx context.Context, req backend.CloneRequest) error
 	Kill  func(ctx context.Context, fence core.Fence) error
 	Stop  func(ctx context.Context, grantUID string) error
+	// Park and Resume run first in the checkpoint methods (checkpoint.go),
+	// once EnableCheckpoint has made them available.
+	Park   func(ctx context.Context, req backend.ParkRequest) error
+	Resume func(ctx context.Context, req backend.ResumeRequest) error
 }
 
 // Backend is the fake. New returns one; it is safe for concurrent use.
@@ -46,6 +50,9 @@ type Backend struct {
 	exits   chan backend.Exit
 	done    chan struct{}
 	stopped chan struct{}
+
+	// ck is the checkpoint state (checkpoint.go); guarded by mu.
+	ck checkpoints
 }
 
 // New returns a fake backend serving tier (core.TierWarm like the proc
@@ -184,6 +191,7 @@ func (b *Backend) Clone(ctx context.Context, req backend.CloneRequest) (backend.
 	if err := ctx.Err(); err != nil {
 		return backend.Fiber{}, fmt.Errorf("fiber %s: %w", f, err)
 	}
+	network, addr := listenerAddr(req.Listener)
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if _, ok := b.warm[f.GrantUID]; !ok || b.cold[f.GrantUID] || b.closed {
@@ -194,6 +202,7 @@ func (b *Backend) Clone(ctx context.Context, req backend.CloneRequest) (backend.
 	}
 	req.Listener = nil // not kept: the caller closes its copy
 	b.fibers[f] = req
+	b.ck.noteListener(f, network, addr)
 	b.pid++
 	b.clones++
 	return backend.Fiber{Fence: f, PID: b.pid, Isolation: b.levels[f.GrantUID]}, nil

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"os"
+	"path/filepath"
 	"testing"
 
 	"go.uber.org/goleak"
@@ -131,5 +132,55 @@ func TestIsolation(t *testing.T) {
 	}
 	if err := b.Stop(ctx, "g1"); err != nil || b.GrantIsolation("g1") != "" {
 		t.Fatalf("after Stop: %v, level %q", err, b.GrantIsolation("g1"))
+	}
+}
+
+func TestCheckpoint(t *testing.T) {
+	ctx := context.Background()
+	b := New(core.TierWarm, Hooks{})
+	defer b.Close()
+	if err := b.CheckpointSupport(ctx); !errors.Is(err, core.ErrTierGap) {
+		t.Fatalf("CheckpointSupport before EnableCheckpoint = %v, want a tier gap", err)
+	}
+	b.EnableCheckpoint(1 << 20)
+	if err := b.Warm(ctx, backend.WarmRequest{Grant: core.Grant{UID: "g1"}, Spec: template.Spec{Command: "/bin/true", Zygote: true}, RunDir: "/r"}); err != nil {
+		t.Fatal(err)
+	}
+	f1 := core.Fence{GrantUID: "g1", Epoch: 1, Seq: 1}
+	if _, err := b.Clone(ctx, backend.CloneRequest{Fence: f1, Listener: os.Stdin}); err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(t.TempDir(), "img")
+	if _, err := b.Park(ctx, backend.ParkRequest{Fence: f1, Dir: dir, Template: "t", MaxBytes: 1000}); !errors.Is(err, backend.ErrTooLarge) {
+		t.Fatalf("Park over MaxBytes = %v, want ErrTooLarge", err)
+	}
+	img, err := b.Park(ctx, backend.ParkRequest{Fence: f1, Dir: dir, Template: "t"})
+	if err != nil || img.Bytes != 1<<20 {
+		t.Fatalf("Park = %+v, %v", img, err)
+	}
+	if ex := <-b.Exits(); ex.Fence != f1 || !ex.Reason.Parked {
+		t.Fatalf("Exit %+v, want %s parked", ex, f1)
+	}
+	if got := b.Images(); len(got) != 1 || got[0] != dir {
+		t.Fatalf("Images = %v", got)
+	}
+	f2 := core.Fence{GrantUID: "g1", Epoch: 1, Seq: 2}
+	if _, err := b.Resume(ctx, backend.ResumeRequest{Fence: f2, Image: dir, Template: "other"}); !errors.Is(err, backend.ErrImageUnusable) {
+		t.Fatalf("Resume under another template = %v, want ErrImageUnusable", err)
+	}
+	if _, err := b.Resume(ctx, backend.ResumeRequest{Fence: core.Fence{GrantUID: "g1", Epoch: 2, Seq: 1}, Image: dir, Template: "t"}); !errors.Is(err, backend.ErrImageUnusable) {
+		t.Fatalf("Resume in another epoch = %v, want ErrImageUnusable", err)
+	}
+	if r, err := b.Resume(ctx, backend.ResumeRequest{Fence: f2, Image: dir, Template: "t"}); err != nil || r.Fiber.Fence != f2 {
+		t.Fatalf("Resume = %+v, %v", r, err)
+	}
+	if got := b.Running("g1"); len(got) != 1 || got[0] != f2 {
+		t.Fatalf("Running = %v, want the resumed fiber", got)
+	}
+	if err := backend.RemoveImage(dir); err != nil {
+		t.Fatal(err)
+	}
+	if got := b.Images(); len(got) != 0 {
+		t.Fatalf("Images after RemoveImage = %v", got)
 	}
 }

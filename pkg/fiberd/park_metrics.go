@@ -1,0 +1,103 @@
+package fiberd
+
+import (
+	"errors"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"fiberd.io/fiberd/pkg/backend"
+	"fiberd.io/fiberd/pkg/core"
+)
+
+// Park outcomes, the "outcome" label of fiberd_parks_total.
+const (
+	parkParked  = "parked"
+	parkRefused = "refused" // the fiber runs on: no tier, no session, busy, no room, not found
+	parkFailed  = "failed"  // CRIU or the disk failed
+)
+
+// parkMetrics are the CHECKPOINT tier's metrics. A resume is a Clone: it
+// counts in fiberd_clones_total and fiberd_clone_duration_seconds with
+// kind "resume".
+type parkMetrics struct {
+	parks    *prometheus.CounterVec
+	duration *prometheus.HistogramVec
+	deleted  *prometheus.CounterVec
+}
+
+func newParkMetrics(reg prometheus.Registerer, a *Agent) (*parkMetrics, error) {
+	m := &parkMetrics{
+		parks: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "fiberd_parks_total",
+			Help: "Parks by what asked (api, pressure) and outcome (parked; refused: the fiber runs on; failed: CRIU or the disk failed).",
+		}, []string{"by", "outcome"}),
+		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "fiberd_park_duration_seconds",
+			Help:    "Time from a park's start to its image on disk and the fiber ended, by what asked, for parks that succeeded.",
+			Buckets: []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30},
+		}, []string{"by"}),
+		deleted: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "fiberd_parked_images_deleted_total",
+			Help: "Parked images deleted, by reason: resumed, released, unusable, stale (grant or epoch gone), ended, yielded, epoch.",
+		}, []string{"reason"}),
+	}
+	state := &parkCollector{
+		a:         a,
+		available: prometheus.NewDesc("fiberd_checkpoint_available", "1 when fibers can be parked (the CHECKPOINT tier), else 0.", nil, nil),
+		sessions:  prometheus.NewDesc("fiberd_parked_sessions", "Parked sessions per admitted grant.", []string{"grant"}, nil),
+		bytes:     prometheus.NewDesc("fiberd_parked_bytes", "Bytes of parked images per admitted grant.", []string{"grant"}, nil),
+	}
+	for _, c := range []prometheus.Collector{m.parks, m.duration, m.deleted, state} {
+		if err := reg.Register(c); err != nil {
+			return nil, err
+		}
+	}
+	return m, nil
+}
+
+// parked counts one park that ended with err after took.
+func (m *parkMetrics) parked(by string, err error, took time.Duration) {
+	outcome := parkParked
+	switch {
+	case err == nil:
+		m.duration.WithLabelValues(by).Observe(took.Seconds())
+	case errors.Is(err, core.ErrTierGap), errors.Is(err, core.ErrInvalid), errors.Is(err, core.ErrNotFound),
+		errors.Is(err, errBusy), errors.Is(err, backend.ErrBusy), errors.Is(err, errNoRoom), errors.Is(err, backend.ErrTooLarge):
+		outcome = parkRefused
+	default:
+		outcome = parkFailed
+	}
+	m.parks.WithLabelValues(by, outcome).Inc()
+}
+
+// parkCollector reads the parked gauges from the slots when scraped.
+type parkCollector struct {
+	a                          *Agent
+	available, sessions, bytes *prometheus.Desc
+}
+
+func (c *parkCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.available
+	ch <- c.sessions
+	ch <- c.bytes
+}
+
+func (c *parkCollector) Collect(ch chan<- prometheus.Metric) {
+	avail := 0.0
+	if c.a.park.ck != nil {
+		avail = 1
+	}
+	ch <- prometheus.MustNewConstMetric(c.available, prometheus.GaugeValue, avail)
+	for _, st := range c.a.ledger.Snapshot() {
+		s := c.a.slotOf(st.Grant.UID)
+		n, b := 0, int64(0)
+		if s != nil {
+			s.mu.Lock()
+			n, b = len(s.parked), parkedBytes(s.parked)
+			s.mu.Unlock()
+		}
+		ch <- prometheus.MustNewConstMetric(c.sessions, prometheus.GaugeValue, float64(n), st.Grant.UID)
+		ch <- prometheus.MustNewConstMetric(c.bytes, prometheus.GaugeValue, float64(b), st.Grant.UID)
+	}
+}

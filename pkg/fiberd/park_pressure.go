@@ -1,0 +1,200 @@
+package fiberd
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"io"
+	"os"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"fiberd.io/fiberd/pkg/cgroup"
+	"fiberd.io/fiberd/pkg/core"
+)
+
+// Parking under memory pressure (ParkLimits.Pressure): the rung of the
+// ladder between shedding a Clone and yielding the grant. A Clone that
+// pressureShed would refuse parks the grant's largest idle fiber instead
+// and is served; one park per pressure reading, so a burst of Clones
+// within a second parks one fiber and sheds the rest.
+
+// parkForPressure parks, for a Clone of slot s's grant that its memory
+// pressure would shed, the grant's largest idle fiber (not of the Clone's
+// own session), and reports whether one was parked. It parks at most once
+// per pressure reading of the grant, within ctx (the Clone's deadline).
+func (a *Agent) parkForPressure(ctx context.Context, s *slot, session string) bool {
+	if !a.cfg.Park.Pressure || a.park.ck == nil || s == nil {
+		return false
+	}
+	s.pressure.mu.Lock()
+	reading := s.pressure.at
+	s.pressure.mu.Unlock()
+	s.mu.Lock()
+	if s.pressureParked.Equal(reading) {
+		s.mu.Unlock()
+		return false // this reading's park is made (or being tried)
+	}
+	s.pressureParked = reading
+	s.mu.Unlock()
+
+	for _, f := range a.idleFibers(s.uid, session) {
+		resp, err := a.parkFiber(ctx, f, parkByPressure, true)
+		if err == nil {
+			a.log.Info("Parked a fiber for the grant's memory pressure", "grant", s.uid, "fiber", resp.FiberID, "session", resp.Session, "own", resp.OwnBytes)
+			return true
+		}
+		a.log.V(1).Info("Fiber not parked for pressure", "fiber", f.Fence.String(), "reason", err.Error())
+		if ctx.Err() != nil {
+			return false
+		}
+	}
+	return false
+}
+
+// idleFibers lists grant uid's fibers a pressure park may take, largest
+// first: with a session other than skip, on the checkpointing backend,
+// named by no Clone for ParkLimits.IdleAfter, and with no connection open
+// to their endpoint. Their size is their private dirty memory (the W
+// budget's measure); a fiber that cannot be measured is left out.
+func (a *Agent) idleFibers(uid, skip string) []core.Fiber {
+	now := a.cfg.Clock.Now()
+	var (
+		out   []core.Fiber
+		size  = map[core.Fence]int64{}
+		conns *openConns
+	)
+	for _, gs := range a.ledger.Snapshot() {
+		if gs.Grant.UID != uid {
+			continue
+		}
+		for _, f := range gs.Running {
+			h, ok := f.Handle.(*fiberHandle)
+			if !ok || f.Session == "" || f.Session == skip || h.backend != a.cfg.Warm || h.pid <= 0 {
+				continue
+			}
+			used := f.Created
+			if n := h.used.Load(); n != 0 {
+				used = time.Unix(0, n)
+			}
+			if now.Sub(used) < a.cfg.Park.IdleAfter {
+				continue
+			}
+			if conns == nil {
+				conns = readOpenConns()
+			}
+			if conns.has(h) {
+				continue
+			}
+			n, err := a.park.size(h)
+			if err != nil {
+				continue
+			}
+			size[f.Fence] = n
+			out = append(out, f)
+		}
+	}
+	sort.SliceStable(out, func(i, j int) bool { return size[out[i].Fence] > size[out[j].Fence] })
+	return out
+}
+
+// fiberSize is the private dirty memory of fiber h's processes (its leaf's,
+// or its session's without a leaf), as the W budget measures it.
+func (a *Agent) fiberSize(h *fiberHandle) (int64, error) {
+	var pids []int
+	if h.leaf != "" {
+		pids, _ = cgroup.At(h.leaf).Procs()
+	} else {
+		pids = sessionMembers()[h.pid]
+	}
+	return a.measure(pids)
+}
+
+// openConns is what readOpenConns found: the local TCP ports with a
+// connection open, and the unix socket paths with one.
+type openConns struct {
+	ports map[int]bool
+	paths map[string]bool
+}
+
+// has reports whether fiber h's endpoint has a connection open.
+func (c *openConns) has(h *fiberHandle) bool {
+	return (h.port != 0 && c.ports[h.port]) || (h.sock != "" && c.paths[h.sock])
+}
+
+// readOpenConns reads /proc/net/tcp, tcp6 and unix (fiberd's network
+// namespace, the fibers' endpoints'). What cannot be read counts nothing.
+func readOpenConns() *openConns {
+	c := &openConns{ports: map[int]bool{}, paths: map[string]bool{}}
+	for _, name := range []string{"/proc/net/tcp", "/proc/net/tcp6"} {
+		if f, err := os.Open(name); err == nil {
+			parseTCPConns(f, c.ports)
+			f.Close()
+		}
+	}
+	if f, err := os.Open("/proc/net/unix"); err == nil {
+		parseUnixConns(f, c.paths)
+		f.Close()
+	}
+	return c
+}
+
+// maxProcNetLines bounds the lines read of one /proc/net file.
+const maxProcNetLines = 1 << 20
+
+// TCP states of /proc/net/tcp that are no open connection: LISTEN (0A),
+// TIME_WAIT (06) and CLOSE (07).
+var tcpNotOpen = map[string]bool{"0A": true, "06": true, "07": true}
+
+// parseTCPConns adds to ports the local port of every connection of a
+// /proc/net/tcp or tcp6 table ("sl local_address rem_address st ...",
+// addresses as HEXIP:HEXPORT) that is open.
+func parseTCPConns(r io.Reader, ports map[int]bool) {
+	sc := bufio.NewScanner(r)
+	for n := 0; sc.Scan() && n < maxProcNetLines; n++ {
+		f := strings.Fields(sc.Text())
+		if n == 0 || len(f) < 4 || tcpNotOpen[f[3]] {
+			continue
+		}
+		i := strings.LastIndexByte(f[1], ':')
+		if i < 0 {
+			continue
+		}
+		if port, err := strconv.ParseUint(f[1][i+1:], 16, 16); err == nil {
+			ports[int(port)] = true
+		}
+	}
+}
+
+// parseUnixConns adds to paths the path of every connected stream socket
+// of a /proc/net/unix table ("Num RefCount Protocol Flags Type St Inode
+// Path"): a socket a listener accepted shows the listener's path.
+func parseUnixConns(r io.Reader, paths map[string]bool) {
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 4096), 64<<10)
+	for n := 0; sc.Scan() && n < maxProcNetLines; n++ {
+		line := sc.Bytes()
+		f := bytes.Fields(line)
+		// St 03 is SS_CONNECTED; a path never holds the fields before it.
+		if n == 0 || len(f) < 8 || string(f[5]) != "03" {
+			continue
+		}
+		paths[string(afterFields(line, 7))] = true
+	}
+}
+
+// afterFields is line after its first n space-separated fields and the
+// spaces that follow them.
+func afterFields(line []byte, n int) []byte {
+	for i := 0; i < n; i++ {
+		line = bytes.TrimLeft(line, " \t")
+		j := bytes.IndexAny(line, " \t")
+		if j < 0 {
+			return nil
+		}
+		line = line[j:]
+	}
+	return bytes.TrimLeft(line, " \t")
+}
