@@ -109,6 +109,8 @@ type fiberHandle struct {
 	measured bool
 	// over is the reason the budget loop ended the fiber, nil until then.
 	over atomic.Pointer[string]
+	// iso is the isolation the backend said the fiber got.
+	iso backend.Isolation
 }
 
 // New validates cfg and prepares the agent in the order of ARCHITECTURE
@@ -214,6 +216,7 @@ func New(ctx context.Context, cfg Config) (a *Agent, err error) {
 	if err := a.bind(ctx, private); err != nil {
 		return nil, err
 	}
+	a.logIsolation()
 	a.log.Info("Agent ready to run", "home", cfg.Home.Name(), "epoch", a.ledger.Epoch(), "listen", cfg.Listen, "socket", cfg.Socket)
 	return a, nil
 }
