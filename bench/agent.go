@@ -116,11 +116,9 @@ func prepareTemplates(work string, o options) (*kit, error) {
 	} else {
 		// The files where an isolated grant reads them too (fiberd -dev
 		// does the same), so the isolated rows run the same template.
-		src := root
-		if dir, err := devkit.ExamplesDir(root); err == nil {
-			if s, err := devkit.CopyPythonExample(root, dir); err == nil {
-				src = s
-			}
+		src, err := devkit.SharePythonExample(root)
+		if err != nil {
+			src = root
 		}
 		for _, zy := range []bool{true, false} {
 			if err := add(devkit.ColdName(tplWarmPy, zy), devkit.CounterPySpec(src, py, zy, "--init-ms", init)); err != nil {

@@ -226,21 +226,21 @@ func writeExampleSpecs(dir, devDir string, isolated bool, log logr.Logger) (map[
 }
 
 // pythonExample copies the Python counter and its SDK where an isolated
-// grant can read them (devkit.ExamplesDir: not the state directory, which
-// may lie under /tmp, nor the checkout, which may lie under /root) and
-// returns the copy's root for devkit.CounterPySpec. Where that cannot be
-// made (fiberd is not root, and cannot isolate grants anyway) the copy is
-// kept under devDir, or, failing that, the checkout's own files are used;
-// it logs which when grants are to be isolated.
+// grant can read them (devkit.SharePythonExample: not the state directory,
+// which may lie under /tmp, nor the checkout, which may lie under /root)
+// and returns the copy's root for devkit.CounterPySpec. Where that cannot
+// be made (fiberd is not root, and cannot isolate grants anyway) the copy
+// is kept under devDir, or, failing that, the checkout's own files are
+// used; it logs which when grants are to be isolated.
 func pythonExample(root, devDir string, isolated bool, log logr.Logger) string {
-	dir, err := devkit.ExamplesDir(root)
-	if err != nil {
-		if isolated {
-			log.Info("The Python example is kept where an isolated grant may not read it", "reason", err.Error())
-		}
-		dir = filepath.Join(devDir, "examples")
+	src, err := devkit.SharePythonExample(root)
+	if err == nil {
+		return src
 	}
-	src, err := devkit.CopyPythonExample(root, dir)
+	if isolated {
+		log.Info("The Python example is kept where an isolated grant may not read it", "reason", err.Error())
+	}
+	src, err = devkit.CopyPythonExample(root, filepath.Join(devDir, "examples"))
 	if err != nil {
 		log.Info("Running the Python example from the checkout", "reason", err.Error())
 		return root

@@ -150,19 +150,30 @@ func PythonInterpreter() (string, error) {
 	return p, nil
 }
 
-// ExamplesBase is where ExamplesDir makes its directories.
+// ExamplesBase is where SharePythonExample copies the Python example.
 const ExamplesBase = "/var/cache/fiberd/examples"
 
-// ExamplesDir is a directory for the example templates' files that an
-// isolated grant's user can read (a directory under /tmp, or a checkout
-// under /root, it cannot): ExamplesBase/<the first 8 hex digits of the
-// SHA-256 of root>, one per checkout, made (0755, with its parents) when
-// missing. It fails when it cannot be made there or others cannot read it,
-// as for a fiberd that is not root, which cannot isolate grants anyway;
-// the caller then keeps the files where it likes.
-func ExamplesDir(root string) (string, error) {
-	sum := sha256.Sum256([]byte(root))
-	dir := filepath.Join(ExamplesBase, hex.EncodeToString(sum[:4]))
+// SharePythonExample copies the Python counter and the Python zygote SDK
+// of checkout root where an isolated grant's user can read them (a
+// directory under /tmp, or a checkout under /root, it cannot):
+// ExamplesBase/python-<the first 12 hex digits of the SHA-256 of their
+// bytes>, made (0755, with its parents) when missing, so every checkout
+// with the same files shares one copy and nothing piles up. It returns
+// that directory, which CounterPySpec takes as its root. It fails when
+// the copy cannot be made there or others cannot read it, as for a fiberd
+// that is not root, which cannot isolate grants anyway; the caller then
+// keeps the files where it likes (CopyPythonExample).
+func SharePythonExample(root string) (string, error) {
+	h := sha256.New()
+	for _, rel := range pythonFiles {
+		b, err := os.ReadFile(filepath.Join(root, rel))
+		if err != nil {
+			return "", err
+		}
+		fmt.Fprintf(h, "%s %d\n", rel, len(b))
+		h.Write(b)
+	}
+	dir := filepath.Join(ExamplesBase, "python-"+hex.EncodeToString(h.Sum(nil)[:6]))
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return "", err
 	}
@@ -175,7 +186,7 @@ func ExamplesDir(root string) (string, error) {
 	if err := backend.ReadableByGrants(dir); err != nil {
 		return "", err
 	}
-	return dir, nil
+	return CopyPythonExample(root, dir)
 }
 
 // pythonFiles are the files of a checkout the Python counter runs.

@@ -4,7 +4,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -120,34 +119,50 @@ func TestCopyPythonExample(t *testing.T) {
 	}
 }
 
-// TestExamplesDir: as root, a directory per checkout others can read,
-// outside the directories an isolated grant sees empty.
-func TestExamplesDir(t *testing.T) {
+// TestSharePythonExample: as root, a copy others can read, outside the
+// directories an isolated grant sees empty, shared by checkouts with the
+// same files and apart for other files.
+func TestSharePythonExample(t *testing.T) {
+	root := checkout(t)
 	if os.Geteuid() != 0 {
-		if _, err := ExamplesDir("/nowhere"); err == nil {
-			t.Error("ExamplesDir succeeded without root")
+		if _, err := SharePythonExample(root); err == nil {
+			t.Error("SharePythonExample succeeded without root")
 		}
-		t.Skip("not root: ExamplesDir cannot make its directory")
+		t.Skip("not root: SharePythonExample cannot make its directory")
 	}
-	root := "/fiberd-devkit-test/" + strconv.Itoa(os.Getpid())
-	a, err := ExamplesDir(root)
+	a, err := SharePythonExample(root)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { os.RemoveAll(a) })
-	b, err := ExamplesDir(root + "x")
-	if err != nil {
+	if filepath.Dir(a) != ExamplesBase {
+		t.Errorf("SharePythonExample = %q, want a directory under %s", a, ExamplesBase)
+	}
+	spec := CounterPySpec(a, "/usr/bin/python3", true)
+	for _, p := range []string{spec.Args[0], filepath.Join(spec.Env["PYTHONPATH"], "fiberzygote.py")} {
+		if err := backend.ReadableByGrants(p); err != nil {
+			t.Error(err)
+		}
+	}
+	// Another checkout with the same files shares the copy; with other
+	// files it gets its own.
+	other := filepath.Join(t.TempDir(), "checkout")
+	if _, err := CopyPythonExample(root, other); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { os.RemoveAll(b) })
-	if a == b || filepath.Dir(a) != ExamplesBase {
-		t.Errorf("ExamplesDir = %q and %q for two checkouts: want two directories under %s", a, b, ExamplesBase)
+	if b, err := SharePythonExample(other); err != nil || b != a {
+		t.Errorf("SharePythonExample of an equal checkout = %q, %v; want %q", b, err, a)
 	}
-	if again, _ := ExamplesDir(root); again != a {
-		t.Errorf("ExamplesDir of one checkout moved: %q, then %q", a, again)
+	f := filepath.Join(other, pythonFiles[0])
+	if err := os.WriteFile(f, []byte("# changed\n"), 0o644); err != nil {
+		t.Fatal(err)
 	}
-	if err := backend.ReadableByGrants(a); err != nil {
-		t.Error(err)
+	c, err := SharePythonExample(other)
+	if err != nil || c == a {
+		t.Fatalf("SharePythonExample of changed files = %q, %v; want a directory other than %q", c, err, a)
+	}
+	t.Cleanup(func() { os.RemoveAll(c) })
+	if b, _ := os.ReadFile(filepath.Join(c, pythonFiles[0])); string(b) != "# changed\n" {
+		t.Errorf("the changed copy holds %q", b)
 	}
 }
 
