@@ -14,6 +14,9 @@ export FIBERD_CRIU_CACHE
 # unless FIBERD_CRIU_REQUIRED=1, which .ci/run sets).
 FIBERD_CRIU ?= $(FIBERD_CRIU_CACHE)/bin/criu
 export FIBERD_CRIU
+# The isolation tests (pkg/backend's attack test, the conformance suite's isolated backends, the
+# process test's isolated fiberd) skip, saying why, where the host cannot isolate (not root),
+# unless FIBERD_ISOLATION_REQUIRED=1, which .ci/run sets.
 
 # Build tags of the suites that need a real API server.
 TAGGED := -tags integration

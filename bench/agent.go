@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -118,8 +119,14 @@ func prepareTemplates(work string, o options) (*kit, error) {
 			k.missing[n] = "Python template: " + err.Error()
 		}
 	} else {
+		// The files where an isolated grant reads them too (fiberd -dev
+		// does the same), so the isolated rows run the same template.
+		src, err := devkit.SharePythonExample(root)
+		if err != nil {
+			src = root
+		}
 		for _, zy := range []bool{true, false} {
-			if err := add(devkit.ColdName(tplWarmPy, zy), devkit.CounterPySpec(root, py, zy, "--init-ms", init)); err != nil {
+			if err := add(devkit.ColdName(tplWarmPy, zy), devkit.CounterPySpec(src, py, zy, "--init-ms", init)); err != nil {
 				return nil, err
 			}
 		}
@@ -166,14 +173,19 @@ type agentRig struct {
 // benchCRIU is the criu the proc backend parks with (-criu), "" for none.
 var benchCRIU = backend.DefaultCRIUPath()
 
-// newAgent builds an agent on h with both backends.
-func newAgent(ctx context.Context, dir string, h fiberd.Config, log logr.Logger) (*fiberd.Agent, error) {
-	warm, err := backend.NewProc(backend.Config{Logger: log.WithName("proc"), CRIU: benchCRIU})
+// newAgent builds an agent on h with both backends, asked for isolation iso.
+func newAgent(ctx context.Context, dir string, h fiberd.Config, iso backend.Isolation, log logr.Logger) (*fiberd.Agent, error) {
+	ids, err := backend.NewIDPool(backend.DefaultIDFirst, backend.DefaultIDCount)
+	if err != nil {
+		h.Home.Close()
+		return nil, err
+	}
+	warm, err := backend.NewProc(backend.Config{Logger: log.WithName("proc"), Isolation: iso, IDs: ids, CRIU: benchCRIU})
 	if err != nil {
 		h.Home.Close()
 		return nil, fmt.Errorf("proc backend: %w", err)
 	}
-	basic, err := backend.NewExec(backend.Config{Logger: log.WithName("exec")})
+	basic, err := backend.NewExec(backend.Config{Logger: log.WithName("exec"), Isolation: iso, IDs: ids})
 	if err != nil {
 		warm.Close()
 		h.Home.Close()
@@ -187,15 +199,19 @@ func newAgent(ctx context.Context, dir string, h fiberd.Config, log logr.Logger)
 	return fiberd.New(ctx, h)
 }
 
-// startAgent runs fiberd with the standalone home on every template of k
+// startAgent runs fiberd with the standalone home on the templates of k
+// named in names (nil: every one), its backends asked for isolation iso,
 // and waits until every zygote is warm.
-func startAgent(ctx context.Context, dir string, k *kit, o options, log logr.Logger) (*agentRig, error) {
+func startAgent(ctx context.Context, dir string, k *kit, o options, iso backend.Isolation, names []string, log logr.Logger) (*agentRig, error) {
 	grants := filepath.Join(dir, "grants")
 	if err := os.MkdirAll(grants, 0o700); err != nil {
 		return nil, err
 	}
 	r := &agentRig{uids: map[string]string{}, done: make(chan error, 1)}
 	for name := range k.specs {
+		if names != nil && !slices.Contains(names, name) {
+			continue
+		}
 		uid := "bench-" + name
 		tok, err := k.mint(uid, benchIssuer, benchNode, name, 24*time.Hour)
 		if err != nil {
@@ -213,7 +229,7 @@ func startAgent(ctx context.Context, dir string, k *kit, o options, log logr.Log
 	fam, _ := endpoint.ParseFamily(o.endpoint)
 	a, err := newAgent(ctx, dir, fiberd.Config{
 		Home: h, Issuer: benchIssuer, NodeID: benchNode, Keys: k.keys, Templates: k.dir, EndpointFamily: fam,
-	}, log)
+	}, iso, log)
 	if err != nil {
 		return nil, fmt.Errorf("fiberd: %w", err)
 	}
@@ -227,9 +243,9 @@ func startAgent(ctx context.Context, dir string, k *kit, o options, log logr.Log
 		return nil, err
 	}
 	want := map[string]bool{}
-	for name, b := range k.specs {
-		if s, _ := template.Parse(b); s.Zygote {
-			want[r.uids[name]] = true
+	for name, uid := range r.uids {
+		if s, _ := template.Parse(k.specs[name]); s.Zygote {
+			want[uid] = true
 		}
 	}
 	if err := waitWarm(ctx, r.client, want, 2*time.Minute); err != nil {
@@ -528,4 +544,22 @@ func envOr(k, def string) string {
 		return v
 	}
 	return def
+}
+
+// isolationMissing says why the rig's WARM tier does not isolate every
+// fiber, "" when it does.
+func (r *agentRig) isolationMissing(ctx context.Context) string {
+	st, err := r.client.Status(ctx)
+	if err != nil {
+		return err.Error()
+	}
+	for _, ti := range st.Isolation {
+		if ti.Tier == core.TierWarm {
+			if ti.Level == string(backend.IsolationFiber) {
+				return ""
+			}
+			return ti.Missing
+		}
+	}
+	return "the agent reports no WARM tier"
 }

@@ -28,6 +28,7 @@ import (
 	"k8s.io/client-go/rest"
 
 	"fiberd.io/fiberd/internal/devkit"
+	"fiberd.io/fiberd/pkg/backend"
 	"fiberd.io/fiberd/pkg/client"
 	"fiberd.io/fiberd/pkg/endpoint"
 	"fiberd.io/fiberd/pkg/fiberd"
@@ -486,7 +487,7 @@ func (kc *kubeCluster) homeRound(ctx context.Context, dir, ns, name, sa string, 
 		home: &timedHome{Home: h, readyAt: make(chan struct{}), lost: make(chan time.Time, 1)}}
 	a, err := newAgent(ctx, dir, fiberd.Config{
 		Home: r.home, Issuer: is.srv.URL, NodeID: name, Keys: k.keys, Templates: k.dir,
-	}, log)
+	}, backend.IsolationNone, log)
 	if err != nil {
 		return nil, fmt.Errorf("fiberd: %w", err)
 	}

@@ -24,11 +24,14 @@ import (
 
 // Modes of the latency table.
 const (
-	modeWarmC   = "fiberd warm C"
-	modeWarmPy  = "fiberd warm Python"
-	modeExecC   = "fiberd exec C (cold)"
-	modePod     = "Pod per worker (API server only)"
-	modePodNode = "Pod per worker (real node)"
+	modeWarmC  = "fiberd warm C"
+	modeWarmPy = "fiberd warm Python"
+	// The same, with every fiber isolated (-isolation fiber).
+	modeWarmCIso  = "fiberd warm C, isolated"
+	modeWarmPyIso = "fiberd warm Python, isolated"
+	modeExecC     = "fiberd exec C (cold)"
+	modePod       = "Pod per worker (API server only)"
+	modePodNode   = "Pod per worker (real node)"
 )
 
 // options are the flags.
@@ -211,7 +214,7 @@ func measure(ctx context.Context, o options, p *progress, log logr.Logger, kube 
 	res.Machine.CC, res.Machine.Python = tpl.ccVersion, tpl.pyVersion
 
 	p.Phasef("starting fiberd in-process (standalone home, %s endpoints) and warming %d zygotes", o.endpoint, tpl.warmCount())
-	ag, err := startAgent(ctx, filepath.Join(work, "standalone"), tpl, o, log)
+	ag, err := startAgent(ctx, filepath.Join(work, "standalone"), tpl, o, backend.IsolationNone, nil, log)
 	if err != nil {
 		return err
 	}
@@ -236,6 +239,9 @@ func measure(ctx context.Context, o options, p *progress, log logr.Logger, kube 
 		}
 		row.Measured, row.SamplesMs, row.Summary = true, samples, Summarize(samples)
 		latency[m.mode] = row
+	}
+	if err := measureIsolated(ctx, work, tpl, o, p, log, latency); err != nil {
+		return err
 	}
 
 	podRow := LatencyRow{Mode: modePod, What: "create Pod, write status (Running, podIP), GET until seen", Note: "kube-apiserver not run"}
@@ -345,11 +351,59 @@ func measure(ctx context.Context, o options, p *progress, log logr.Logger, kube 
 	return nil
 }
 
+// measureIsolated measures clone to first byte of the warm C and Python
+// templates on a second agent whose backends isolate every fiber
+// (-isolation fiber, fiberd's default on a standalone host), into the
+// isolated rows of latency. Where the host does not isolate (not root)
+// the rows say why.
+func measureIsolated(ctx context.Context, work string, k *kit, o options, p *progress, log logr.Logger, latency map[string]LatencyRow) error {
+	modes := []struct{ mode, tmpl string }{{modeWarmCIso, tplWarmC}, {modeWarmPyIso, tplWarmPy}}
+	what := "as without isolation; each grant a user and namespaces of its own, each fiber its own PID namespace and /tmp"
+	var names []string
+	for _, m := range modes {
+		if _, ok := k.specs[m.tmpl]; ok {
+			names = append(names, m.tmpl)
+		} else {
+			latency[m.mode] = LatencyRow{Mode: m.mode, What: what, Note: k.missing[m.tmpl]}
+		}
+	}
+	if len(names) == 0 {
+		return nil
+	}
+	p.Phasef("starting a second fiberd in-process with -isolation fiber for %s", strings.Join(names, ", "))
+	ag, err := startAgent(ctx, filepath.Join(work, "isolated"), k, o, backend.IsolationFiber, names, log)
+	if err != nil {
+		return fmt.Errorf("isolated agent: %w", err)
+	}
+	defer ag.stop()
+	missing := ag.isolationMissing(ctx)
+	for _, m := range modes {
+		uid, ok := ag.uids[m.tmpl]
+		if !ok {
+			continue
+		}
+		row := LatencyRow{Mode: m.mode, What: what}
+		if missing != "" {
+			row.Note = "not isolated on this host: " + missing
+			latency[m.mode] = row
+			continue
+		}
+		p.Phasef("clone to first byte: %s (%d samples)", m.mode, o.n)
+		samples, err := ag.latency(ctx, uid, o.n, p.Counter(o.n))
+		if err != nil {
+			return fmt.Errorf("%s: %w", m.mode, err)
+		}
+		row.Measured, row.SamplesMs, row.Summary = true, samples, Summarize(samples)
+		latency[m.mode] = row
+	}
+	return nil
+}
+
 // latencyRows orders the rows and fills the ratios to warm C.
 func latencyRows(m map[string]LatencyRow) []LatencyRow {
 	base := m[modeWarmC]
 	var out []LatencyRow
-	for _, mode := range []string{modeWarmC, modeWarmPy, modeExecC, modePod, modePodNode} {
+	for _, mode := range []string{modeWarmC, modeWarmPy, modeWarmCIso, modeWarmPyIso, modeExecC, modePod, modePodNode} {
 		r := m[mode]
 		r.Mode = mode
 		if r.Measured && base.Measured {

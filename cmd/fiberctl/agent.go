@@ -11,6 +11,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -356,19 +357,24 @@ func printStatus(w io.Writer, s api.Status, e env) {
 	for _, c := range s.Scope {
 		fmt.Fprintf(w, "  scope %s=%s\n", field(c.Name), field(c.Value))
 	}
+	printIsolation(w, s)
 	if len(s.Grants) == 0 {
 		fmt.Fprintln(w, "no grants admitted")
 		return
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "GRANT\tTEMPLATE\tTIER\tWARM\tRUNNING\tLEASE LEFT\tLATEST FENCE")
+	fmt.Fprintln(tw, "GRANT\tTEMPLATE\tTIER\tISOLATION\tWARM\tRUNNING\tLEASE LEFT\tLATEST FENCE")
 	for _, gs := range s.Grants {
 		latest := "-"
 		if gs.LatestFence != nil {
 			latest = field(gs.LatestFence.String())
 		}
 		name, _, _ := strings.Cut(gs.Template, "@")
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%v\t%d/%d\t%s\t%s\n", field(gs.UID), field(name), field(string(gs.Tier)), gs.Warm, gs.Running, gs.Max,
+		iso := "-"
+		if gs.Isolation != "" {
+			iso = field(gs.Isolation)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%v\t%d/%d\t%s\t%s\n", field(gs.UID), field(name), field(string(gs.Tier)), iso, gs.Warm, gs.Running, gs.Max,
 			gs.LeaseExpiry.Sub(e.clock.Now()).Round(time.Second), latest)
 	}
 	tw.Flush()
@@ -389,6 +395,9 @@ func printStatus(w io.Writer, s api.Status, e env) {
 			line := "  " + field(f.FiberID) + "  " + field(f.Endpoint)
 			if f.Session != "" {
 				line += "  session " + field(f.Session)
+			}
+			if f.Isolation != "" && f.Isolation != gs.Isolation {
+				line += "  isolation " + field(f.Isolation)
 			}
 			fibers = append(fibers, line)
 		}
@@ -412,6 +421,33 @@ func printStatus(w io.Writer, s api.Status, e env) {
 
 // mibString formats bytes as MiB with one decimal.
 func mibString(b int64) string { return strconv.FormatFloat(float64(b)/(1<<20), 'f', 1, 64) + " MiB" }
+
+// printIsolation writes the agent's isolation: one line with each tier's
+// level and the least a grant must get, and one line per thing missing.
+func printIsolation(w io.Writer, s api.Status) {
+	if len(s.Isolation) == 0 {
+		return
+	}
+	var levels, missing []string
+	for _, ti := range s.Isolation {
+		l := field(string(ti.Tier)) + " " + field(ti.Level)
+		if ti.NetworkNone {
+			l += " (network none)"
+		}
+		levels = append(levels, l)
+		if ti.Missing != "" && !slices.Contains(missing, ti.Missing) {
+			missing = append(missing, ti.Missing)
+		}
+	}
+	line := "isolation " + strings.Join(levels, ", ")
+	if s.MinIsolation != "" {
+		line += "  at least " + field(s.MinIsolation) + " (less is TIER_GAP)"
+	}
+	fmt.Fprintln(w, line)
+	for _, m := range missing {
+		fmt.Fprintln(w, "  less than asked: "+field(m))
+	}
+}
 
 // statusLine is one status on one line, for watch.
 func statusLine(s api.Status) string {

@@ -84,12 +84,20 @@ func testStatus() api.Status {
 		Lane: api.Lane{Healthy: true, LastSync: testNow.Add(-3 * time.Second)},
 		Grants: []api.GrantStatus{{
 			UID: "g1", Template: "counter-c@sha256:" + strings.Repeat("a", 64), Warm: true, Running: 1, Max: 64,
-			LeaseExpiry: testNow.Add(time.Hour), LatestFence: &f, Tier: core.TierWarm,
-			Fibers: []api.FiberStatus{{FiberID: "g1/2/5", Endpoint: "tcp://127.0.0.1:20005", Session: "s1"}},
+			LeaseExpiry: testNow.Add(time.Hour), LatestFence: &f, Tier: core.TierWarm, Isolation: "grant",
+			Fibers: []api.FiberStatus{
+				{FiberID: "g1/2/5", Endpoint: "tcp://127.0.0.1:20005", Session: "s1", Isolation: "grant"},
+				{FiberID: "g1/2/6", Endpoint: "tcp://127.0.0.1:20006", Isolation: "none"},
+			},
 			Parked: 1, ParkedBytes: 16 << 20,
 			ParkedSessions: []api.ParkedSession{{Session: "s0", FiberID: "g1/2/4", ImageBytes: 16 << 20, OwnBytes: 1 << 20, ParkedAt: testNow.Add(-time.Minute), By: "api"}},
 		}},
 		Checkpoint: api.Checkpoint{Available: true},
+		Isolation: []api.TierIsolation{
+			{Tier: core.TierWarm, Level: "grant", Missing: "a zygote cannot give each fiber namespaces"},
+			{Tier: core.TierBasic, Level: "fiber", NetworkNone: true},
+		},
+		MinIsolation: "grant",
 	}
 }
 
@@ -211,7 +219,9 @@ func TestStatus(t *testing.T) {
 	}
 	for _, want := range []string{"home standalone  epoch 2  lane healthy (last sync 3s ago)  ready true",
 		"GRANT", "g1", "counter-c", "WARM", "1/64", "1h0m0s", "g1/2/5", "session s1",
-		"checkpoint: available", "parked:\n  g1/2/4  session s0  image 16.0 MiB  by api  1m0s ago"} {
+		"checkpoint: available", "parked:\n  g1/2/4  session s0  image 16.0 MiB  by api  1m0s ago",
+		"isolation WARM grant, BASIC fiber (network none)  at least grant (less is TIER_GAP)",
+		"  less than asked: a zygote cannot give each fiber namespaces", "ISOLATION", "g1/2/6  tcp://127.0.0.1:20006  isolation none"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("status output lacks %q:\n%s", want, out)
 		}

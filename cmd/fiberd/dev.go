@@ -22,6 +22,7 @@ import (
 
 	"fiberd.io/fiberd/internal/devkit"
 	"fiberd.io/fiberd/pkg/api"
+	"fiberd.io/fiberd/pkg/backend"
 	"fiberd.io/fiberd/pkg/client"
 	"fiberd.io/fiberd/pkg/core"
 	"fiberd.io/fiberd/pkg/fiberd"
@@ -111,7 +112,7 @@ func prepareDev(o *options, log logr.Logger) (*devSetup, error) {
 		specs, err = readSpecs(o.templates)
 	} else {
 		o.templates = filepath.Join(o.state, "templates")
-		specs, err = writeExampleSpecs(o.templates, devDir, log)
+		specs, err = writeExampleSpecs(o.templates, devDir, o.isolation != backend.IsolationNone, log)
 	}
 	if err != nil {
 		return fail(err)
@@ -179,8 +180,11 @@ func readSpecs(dir string) (map[string]devSpec, error) {
 // writes their specs into dir: counter-c and counter-py served WARM from a
 // zygote, and counter-c-cold and counter-py-cold, the same programs served
 // BASIC by fork+exec, for comparing the two. A language whose toolchain is
-// missing (cc, python3) is skipped with a log line.
-func writeExampleSpecs(dir, devDir string, log logr.Logger) (map[string]devSpec, error) {
+// missing (cc, python3) is skipped with a log line. The C counter is built
+// under devDir (fiberd opens it itself, so an isolated grant runs it from
+// there); the Python counter and its SDK are copied where an isolated
+// grant can read them (pythonExample).
+func writeExampleSpecs(dir, devDir string, isolated bool, log logr.Logger) (map[string]devSpec, error) {
 	root, err := devkit.FindCheckout()
 	if err != nil {
 		return nil, err
@@ -211,13 +215,37 @@ func writeExampleSpecs(dir, devDir string, log logr.Logger) (map[string]devSpec,
 	if py, err := devkit.PythonInterpreter(); err != nil {
 		log.Info("Skipping the Python example templates", "reason", err.Error())
 	} else {
+		src := pythonExample(root, devDir, isolated, log)
 		for _, zy := range []bool{true, false} {
-			if err := add(devkit.ColdName("counter-py", zy), devkit.CounterPySpec(root, py, zy, "--init-ms", devInitMs)); err != nil {
+			if err := add(devkit.ColdName("counter-py", zy), devkit.CounterPySpec(src, py, zy, "--init-ms", devInitMs)); err != nil {
 				return nil, err
 			}
 		}
 	}
 	return specs, nil
+}
+
+// pythonExample copies the Python counter and its SDK where an isolated
+// grant can read them (devkit.SharePythonExample: not the state directory,
+// which may lie under /tmp, nor the checkout, which may lie under /root)
+// and returns the copy's root for devkit.CounterPySpec. Where that cannot
+// be made (fiberd is not root, and cannot isolate grants anyway) the copy
+// is kept under devDir, or, failing that, the checkout's own files are
+// used; it logs which when grants are to be isolated.
+func pythonExample(root, devDir string, isolated bool, log logr.Logger) string {
+	src, err := devkit.SharePythonExample(root)
+	if err == nil {
+		return src
+	}
+	if isolated {
+		log.Info("The Python example is kept where an isolated grant may not read it", "reason", err.Error())
+	}
+	src, err = devkit.CopyPythonExample(root, filepath.Join(devDir, "examples"))
+	if err != nil {
+		log.Info("Running the Python example from the checkout", "reason", err.Error())
+		return root
+	}
+	return src
 }
 
 // mintDevGrants signs one grant per spec for audience nodeID, writes each as
@@ -309,6 +337,35 @@ func (d *devSetup) failures(st api.Status, told map[string]string) []string {
 	return out
 }
 
+// isolationLine says in a few words what the agent of st isolates: the
+// level (per tier when they differ) and, when less than asked, what is
+// missing.
+func isolationLine(st api.Status) string {
+	var levels, missing []string
+	for _, ti := range st.Isolation {
+		levels = append(levels, string(ti.Tier)+" "+ti.Level)
+		if ti.Missing != "" && !slices.Contains(missing, ti.Missing) {
+			missing = append(missing, ti.Missing)
+		}
+	}
+	line := strings.Join(levels, ", ")
+	if len(st.Isolation) > 0 && slices.IndexFunc(st.Isolation, func(ti api.TierIsolation) bool { return ti.Level != st.Isolation[0].Level }) < 0 {
+		line = st.Isolation[0].Level
+	}
+	switch line {
+	case "fiber":
+		line += " (each grant a user and namespaces of its own, each fiber its own PID namespace and /tmp)"
+	case "grant":
+		line += " (each grant a user and namespaces of its own)"
+	case "none":
+		line += " (fibers run as fiberd's user, in its namespaces)"
+	}
+	if len(missing) > 0 {
+		line += "; less than asked: " + strings.Join(missing, "; ")
+	}
+	return line
+}
+
 // warmCount is how many -dev grants have a zygote to warm.
 func (d *devSetup) warmCount() int {
 	n := 0
@@ -387,6 +444,9 @@ poll:
 	}
 	if tcp := addrString(agent); tcp != "" {
 		fmt.Fprintf(stdout, "  API        http://%s (plaintext, loopback only)\n", tcp)
+	}
+	if st, err := c.Status(ctx); err == nil {
+		fmt.Fprintf(stdout, "  isolation  %s\n", isolationLine(st))
 	}
 	fmt.Fprintln(stdout, "  grants:")
 	ck := agent.Checkpoint()

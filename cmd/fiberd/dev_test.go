@@ -125,3 +125,30 @@ func TestDevSaysWhatItWaitsFor(t *testing.T) {
 		t.Errorf("a new reason not told: %q", again)
 	}
 }
+
+// TestDevIsolationLine: -dev says what the agent isolates in one line, and
+// what is missing when it is less than asked.
+func TestDevIsolationLine(t *testing.T) {
+	for _, tc := range []struct {
+		iso  []api.TierIsolation
+		want []string
+		not  []string
+	}{
+		{[]api.TierIsolation{{Tier: "WARM", Level: "fiber"}, {Tier: "BASIC", Level: "fiber"}}, []string{"fiber (each grant a user"}, []string{"WARM", "less than asked"}},
+		{[]api.TierIsolation{{Tier: "WARM", Level: "none", Missing: "no CAP_SYS_ADMIN"}, {Tier: "BASIC", Level: "none", Missing: "no CAP_SYS_ADMIN"}},
+			[]string{"none (fibers run as fiberd's user", "less than asked: no CAP_SYS_ADMIN"}, []string{"CAP_SYS_ADMIN; no"}},
+		{[]api.TierIsolation{{Tier: "WARM", Level: "grant", Missing: "a"}, {Tier: "BASIC", Level: "fiber"}}, []string{"WARM grant, BASIC fiber", "less than asked: a"}, nil},
+	} {
+		got := isolationLine(api.Status{Isolation: tc.iso})
+		for _, w := range tc.want {
+			if !strings.Contains(got, w) {
+				t.Errorf("isolationLine(%+v) = %q, want %q in it", tc.iso, got, w)
+			}
+		}
+		for _, n := range tc.not {
+			if strings.Contains(got, n) {
+				t.Errorf("isolationLine(%+v) = %q, want no %q in it", tc.iso, got, n)
+			}
+		}
+	}
+}

@@ -57,6 +57,7 @@ type options struct {
 	thrashBurst           int
 	pressureThreshold     float64
 	isolation             backend.Isolation
+	minIsolation          backend.Isolation
 	criu                  string // "" for no checkpoints
 	parkMaxImages         int
 	parkMaxBytes          int64
@@ -125,7 +126,8 @@ func parseFlags(args []string, env environ, usage io.Writer) (options, error) {
 	portRange := fs.String("port-range", fiberd.DefaultPortRange, "TCP ports of inet fibers, FIRST-LAST")
 	fs.StringVar(&o.cgroupRoot, "cgroup-root", "", "cgroup v2 directory fibers are carved under (default a delegated subtree of fiberd's own cgroup; \"none\" for no cgroups)")
 	devices := fs.String("devices", "", "comma-separated device paths or ids handed to every template (standalone)")
-	isolation := fs.String("isolation", string(backend.IsolationNone), "how far grants and fibers are kept apart: none, grant (a user and namespaces per grant) or fiber (also a PID namespace and /tmp per fiber); the host may allow less, which is logged")
+	isolation := fs.String("isolation", "", "how far grants and fibers are kept apart: none, grant (a user and namespaces per grant) or fiber (also a PID namespace and /tmp per fiber); default fiber, none under -home kubernetes; the host may allow less, which fiberd logs once at start")
+	minIsolation := fs.String("min-isolation", string(backend.IsolationNone), "refuse grants (TIER_GAP) that would get less isolation than this on this host: none, grant or fiber")
 	fs.DurationVar(&o.staleTTL, "stale-ttl", standalone.DefaultStaleTTL, "how long the control plane may be silent before misses turn from DEFERRED_FALLBACK to SHED (0: the home's default)")
 	fs.Float64Var(&o.thrashRate, "thrash-rate", fiberd.DefaultThrashRate, "Clones per second admitted in the long run; more are SHED (0: the default)")
 	fs.IntVar(&o.thrashBurst, "thrash-burst", fiberd.DefaultThrashBurst, "Clones admitted at once before the thrash rate applies (0: the default)")
@@ -187,8 +189,14 @@ func parseFlags(args []string, env environ, usage io.Writer) (options, error) {
 	if o.cgroupRoot == "none" {
 		o.cgroupRoot, o.noCgroups = "", true
 	}
-	if o.isolation, err = backend.ParseIsolation(*isolation); err != nil {
+	if o.isolation, err = parseIsolation(*isolation, o.home); err != nil {
 		return o, bad("isolation", "%v", err)
+	}
+	if o.minIsolation, err = backend.ParseIsolation(*minIsolation); err != nil {
+		return o, bad("min-isolation", "%v", err)
+	}
+	if !o.isolation.AtLeast(o.minIsolation) {
+		return o, bad("min-isolation", "%s is more than -isolation %s gives: every grant would be refused; raise -isolation or lower -min-isolation", o.minIsolation, o.isolation)
 	}
 	switch {
 	case o.criu == "none":
@@ -201,6 +209,20 @@ func parseFlags(args []string, env environ, usage io.Writer) (options, error) {
 		return o, err
 	}
 	return o, nil
+}
+
+// parseIsolation reads -isolation, defaulting it by home: fiber for the
+// standalone home, whose grants are tenants side by side on one host; none
+// for the Kubernetes home, whose grant Pod holds one grant and is its
+// boundary (and seldom has the privilege isolating fibers needs).
+func parseIsolation(s, home string) (backend.Isolation, error) {
+	if s == "" {
+		if home == kubernetes.Name {
+			return backend.IsolationNone, nil
+		}
+		return backend.IsolationFiber, nil
+	}
+	return backend.ParseIsolation(s)
 }
 
 // parseFamily reads -endpoint-family, defaulting it by home.
@@ -428,6 +450,7 @@ func (o options) agentConfig() fiberd.Config {
 		ThrashRate:               o.thrashRate,
 		ThrashBurst:              o.thrashBurst,
 		PressureThreshold:        o.pressureThreshold,
+		MinIsolation:             o.minIsolation,
 		AdminUnsafe:              o.adminUnsafe,
 		Park: fiberd.ParkLimits{
 			MaxImages: o.parkMaxImages,

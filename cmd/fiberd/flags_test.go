@@ -39,7 +39,8 @@ func TestParseFlagsDefaults(t *testing.T) {
 		thrashRate: fiberd.DefaultThrashRate, thrashBurst: fiberd.DefaultThrashBurst,
 		pressureThreshold: fiberd.DefaultPressureThreshold,
 		endpointFamily:    endpoint.Unix,
-		isolation:         backend.IsolationNone,
+		isolation:         backend.IsolationFiber,
+		minIsolation:      backend.IsolationNone,
 		criu:              backend.DefaultCRIUPath(),
 		parkMaxImages:     fiberd.DefaultParkMaxImages,
 		parkMaxBytes:      fiberd.DefaultParkMaxBytes,
@@ -183,10 +184,34 @@ func TestParseFlagsModes(t *testing.T) {
 			},
 		},
 		{
-			name: "isolation", args: append(standaloneArgs, "-isolation", "fiber"), env: testEnv,
+			name: "isolation", args: append(standaloneArgs, "-isolation", "grant", "-min-isolation", "grant"), env: testEnv,
+			check: func(t *testing.T, o options) {
+				if o.isolation != backend.IsolationGrant || o.minIsolation != backend.IsolationGrant || o.agentConfig().MinIsolation != backend.IsolationGrant {
+					t.Errorf("isolation %q, min %q, want grant and grant", o.isolation, o.minIsolation)
+				}
+			},
+		},
+		{
+			name: "isolation off", args: append(standaloneArgs, "-isolation", "none"), env: testEnv,
+			check: func(t *testing.T, o options) {
+				if o.isolation != backend.IsolationNone {
+					t.Errorf("isolation %q, want none", o.isolation)
+				}
+			},
+		},
+		{
+			name: "kubernetes isolates nothing by default", args: kubeArgs, env: kubeEnv,
+			check: func(t *testing.T, o options) {
+				if o.isolation != backend.IsolationNone {
+					t.Errorf("isolation %q under -home kubernetes, want none", o.isolation)
+				}
+			},
+		},
+		{
+			name: "dev isolates fibers by default", args: []string{"-dev"}, env: testEnv,
 			check: func(t *testing.T, o options) {
 				if o.isolation != backend.IsolationFiber {
-					t.Errorf("isolation %q, want fiber", o.isolation)
+					t.Errorf("isolation %q under -dev, want fiber", o.isolation)
 				}
 			},
 		},
@@ -251,6 +276,9 @@ func TestParseFlagsRefusals(t *testing.T) {
 		{"negative park max images", sa("-park-max-images", "-1"), testEnv, "-park-max-images"},
 		{"negative park max bytes", sa("-park-max-bytes", "-1"), testEnv, "-park-max-bytes"},
 		{"negative park idle after", sa("-park-idle-after", "-1s"), testEnv, "-park-idle-after"},
+		{"bad min isolation", sa("-min-isolation", "all"), testEnv, "-min-isolation"},
+		{"min isolation above isolation", sa("-isolation", "grant", "-min-isolation", "fiber"), testEnv, "-min-isolation"},
+		{"min isolation above kubernetes' default", ka("-min-isolation", "grant"), kubeEnv, "-min-isolation"},
 		{"no issuer", []string{"-templates", "/t", "-listen="}, testEnv, "-issuer"},
 		{"issuer not https", []string{"-issuer", "http://issuer.example", "-templates", "/t", "-listen="}, testEnv, "-issuer"},
 		{"issuer not a URL", []string{"-issuer", "issuer", "-templates", "/t", "-listen="}, testEnv, "-issuer"},

@@ -185,6 +185,13 @@ type Status struct {
 	// Checkpoint says whether this home can park fibers (the CHECKPOINT
 	// tier) and, when not, what is missing.
 	Checkpoint Checkpoint `json:"checkpoint"`
+	// Isolation is what each tier of the agent isolates on this host:
+	// WARM, then BASIC; a tier the agent does not serve is left out.
+	Isolation []TierIsolation `json:"isolation,omitempty"`
+	// MinIsolation is the least isolation the agent serves a grant with
+	// (fiberd -min-isolation): "grant" or "fiber"; a grant that would get
+	// less is refused with TIER_GAP. Empty for "none", any.
+	MinIsolation string `json:"minIsolation,omitempty"`
 }
 
 // Checkpoint is the CHECKPOINT tier's state in a Status.
@@ -194,6 +201,24 @@ type Checkpoint struct {
 	// Reason says what is missing when Available is false (no CRIU
 	// configured or found, a CRIU too old, a missing capability).
 	Reason string `json:"reason,omitempty"`
+}
+
+// TierIsolation is what one tier (one backend) of the agent isolates, in a
+// Status.
+type TierIsolation struct {
+	Tier core.Tier `json:"tier"`
+	// Level is the most isolation a grant served at Tier gets: "none"
+	// (fibers run as fiberd, in its namespaces), "grant" (a user and
+	// namespaces per grant) or "fiber" (also a PID namespace and /tmp per
+	// fiber).
+	Level string `json:"level"`
+	// NetworkNone says a template asking for "network": "none" can be
+	// served at Tier.
+	NetworkNone bool `json:"networkNone"`
+	// Missing says what keeps Level below what fiberd was asked for
+	// (-isolation), or NetworkNone false, and how to fix it; empty when
+	// nothing is missing.
+	Missing string `json:"missing,omitempty"`
 }
 
 // Lane is the lane's health in a Status.
@@ -226,6 +251,10 @@ type GrantStatus struct {
 	WBudgetBy string `json:"wBudgetBy,omitempty"`
 	// OverBudget counts the grant's fibers ended for going over WBudget.
 	OverBudget int `json:"overBudget,omitempty"`
+	// Isolation is the isolation the grant's fibers get ("none", "grant"
+	// or "fiber", see TierIsolation): its tier's, or less when its
+	// template says "isolation": "shared". Empty while it is not warm.
+	Isolation string `json:"isolation,omitempty"`
 	// Exits are the last fibers of the grant that ended on their own or
 	// for their budget (not those released), oldest first, at most
 	// MaxExits.
@@ -272,4 +301,8 @@ type FiberStatus struct {
 	FiberID  string `json:"fiberID"`
 	Session  string `json:"session,omitempty"`
 	Endpoint string `json:"endpoint"`
+	// Isolation is the isolation the fiber got: its grant's, or "grant"
+	// under a grant of "fiber" when its template's zygote did not give it
+	// namespaces of its own (a zygote without the SDK's support).
+	Isolation string `json:"isolation,omitempty"`
 }

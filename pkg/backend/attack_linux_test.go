@@ -29,8 +29,8 @@ var attackKinds = []struct {
 	{"proc-python", core.TierWarm, func(tb testing.TB, tag string) template.Spec {
 		return template.Spec{
 			Command: sysPython(tb),
-			Args:    []string{"-u", abs(tb, "testdata/attacker.py"), "--tag", tag},
-			Env:     map[string]string{"PYTHONPATH": abs(tb, "../../sdk/zygote/python"), "PYTHONDONTWRITEBYTECODE": "1"},
+			Args:    []string{"-u", pyFile(tb, "pkg/backend/testdata/attacker.py"), "--tag", tag},
+			Env:     map[string]string{"PYTHONPATH": pyFile(tb, "sdk/zygote/python"), "PYTHONDONTWRITEBYTECODE": "1"},
 			Zygote:  true,
 		}
 	}},
@@ -49,7 +49,7 @@ func fiberdState(tb testing.TB) (dir string, socks []string) {
 	tb.Helper()
 	dir, err := os.MkdirTemp("/run", "fiberd-attack-test-")
 	if err != nil {
-		tb.Skipf("cannot make a state directory outside /tmp under /run: %v", err)
+		isolationMiss(tb, "cannot make a state directory outside /tmp under /run: %v", err)
 	}
 	tb.Cleanup(func() { os.RemoveAll(dir) })
 	if err := os.Chmod(dir, 0o700); err != nil {
@@ -210,7 +210,7 @@ func TestIsolationAttack(t *testing.T) {
 // every attempt it makes should succeed: the attack test can fail.
 func TestIsolationAttackControl(t *testing.T) {
 	if os.Geteuid() != 0 {
-		t.Skip("not root: without isolation the attacker runs as this user and proves less")
+		isolationMiss(t, "not root: without isolation the attacker runs as this user and proves less")
 	}
 	state, socks := fiberdState(t)
 	tag := "control" + strconv.Itoa(os.Getpid())

@@ -262,8 +262,9 @@ type Config struct {
 	// IsolationNone (fibers run as fiberd, in its namespaces). With more,
 	// the backend finds at creation what the host allows (it needs root,
 	// or CAP_SYS_ADMIN, CAP_SETUID and CAP_SETGID, and user namespaces),
-	// gives every grant at most that, and logs one line saying what is
-	// missing when it is less than asked (see Backend.Isolation). The exec
+	// gives every grant at most that, and logs one line at V(1) saying
+	// what is missing when it is less than asked (see Backend.Isolation,
+	// which the agent logs at start). The exec
 	// backend starts every fiber isolated on its own, so any level above
 	// none gives its fibers IsolationFiber.
 	Isolation Isolation

@@ -60,8 +60,9 @@
 // With Config.Isolation above IsolationNone, and the privilege (root, or
 // CAP_SYS_ADMIN, CAP_SETUID and CAP_SETGID, with user namespaces), a
 // backend isolates grants; Backend.Isolation says how far it can, found
-// by a probe at creation, and one log line says what is missing when it is
-// less than asked. A grant's zygote (or each exec fiber) starts as nsinit,
+// by a probe at creation, and one log line at V(1) says what is missing
+// when it is less than asked (the agent says it once at start, at Info).
+// A grant's zygote (or each exec fiber) starts as nsinit,
 // this package's binary again, in new user, mount, PID, IPC and UTS
 // namespaces (and network with "network": "none"), as a uid and gid of
 // its own from Config.IDs mapped to themselves, with no supplementary

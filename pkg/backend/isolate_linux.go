@@ -77,8 +77,9 @@ type sandbox struct {
 }
 
 // newSandbox finds what the host allows, up to cfg.Isolation, and starts
-// the spawner when anything is. It logs one line when the host allows less
-// than cfg.Isolation (Info) or exactly that (V(1)). perFiber says every
+// the spawner when anything is. It logs one line at V(1) saying what it
+// found, and what is missing when the host allows less than
+// cfg.Isolation. perFiber says every
 // process the backend starts is a fiber isolated on its own (exec): any
 // isolation at all is then IsolationFiber.
 func newSandbox(cfg Config, log logr.Logger, perFiber bool) *sandbox {
@@ -97,8 +98,10 @@ func newSandbox(cfg Config, log logr.Logger, perFiber bool) *sandbox {
 			s.close()
 		}
 	}
+	// The agent says in one line at start what each backend gives (and
+	// a library caller reads Isolation); the backend's own line is V(1).
 	if !s.support.Level.AtLeast(want) || !s.support.NetworkNone {
-		log.Info("Isolation is less than asked", "asked", want.String(), "level", s.support.Level.String(),
+		log.V(1).Info("Isolation is less than asked", "asked", want.String(), "level", s.support.Level.String(),
 			"networkNone", s.support.NetworkNone, "missing", s.support.Missing)
 	} else {
 		log.V(1).Info("Isolation", "level", s.support.Level.String(), "networkNone", true)
@@ -167,14 +170,6 @@ func (s *sandbox) startSpawner() error {
 	}()
 	return <-ready
 }
-
-// cgroupView is where a grant sees cgroups: its own cgroup, or nothing.
-const cgroupView = "/sys/fs/cgroup"
-
-// coveredDirs are covered in the isolation mount namespace besides the
-// scratch directories: the host's cgroup tree (which names every grant and
-// fiber) and its POSIX message queues.
-var coveredDirs = []string{cgroupView, "/dev/mqueue"}
 
 // buildIsolationMounts makes the calling thread's mount namespace the base
 // every isolated grant's is copied from (see the comment at the top). It

@@ -29,16 +29,87 @@ func sysPython(tb testing.TB) string {
 			return p
 		}
 	}
-	tb.Skip("no python3 in /usr/bin or /usr/local/bin: an isolated Python zygote needs one every user can run")
+	isolationMiss(tb, "no python3 in /usr/bin or /usr/local/bin: an isolated Python zygote needs one every user can run")
 	return ""
+}
+
+// pyFiles are the checkout's Python files the isolated tests run, by their
+// path in the checkout.
+var pyFiles = []string{"examples/templates/python/counter.py", "sdk/zygote/python/fiberzygote.py", "pkg/backend/testdata/attacker.py"}
+
+var (
+	pyTreeOnce sync.Once
+	pyTreeDir  string
+	pyTreeErr  error
+	pyCopy     string // the copy under /run, removed by TestMain
+)
+
+// pyFile is the path of rel (a path in the checkout) where an isolated
+// grant can read it: in the checkout when it can read that, else in a copy
+// of pyFiles under /run (a checkout under /root is closed to it), removed
+// when the test binary ends (TestMain).
+func pyFile(tb testing.TB, rel string) string {
+	tb.Helper()
+	pyTreeOnce.Do(func() {
+		root := abs(tb, "../..")
+		pyTreeDir = root
+		for _, f := range pyFiles {
+			if ReadableByGrants(filepath.Join(root, f)) != nil {
+				pyTreeDir, pyTreeErr = copyPyFiles(root)
+				return
+			}
+		}
+	})
+	if pyTreeErr != nil {
+		isolationMiss(tb, "the checkout's Python files are closed to an isolated grant, and copying them failed: %v", pyTreeErr)
+	}
+	return filepath.Join(pyTreeDir, rel)
+}
+
+// copyPyFiles copies pyFiles of the checkout root into a new directory
+// under /run that others may read.
+func copyPyFiles(root string) (string, error) {
+	dir, err := os.MkdirTemp("/run", "fiberd-backend-py-")
+	if err != nil {
+		return "", err
+	}
+	pyCopy = dir
+	if err := os.Chmod(dir, 0o755); err != nil {
+		return "", err
+	}
+	for _, f := range pyFiles {
+		b, err := os.ReadFile(filepath.Join(root, f))
+		if err != nil {
+			return "", err
+		}
+		if err := os.MkdirAll(filepath.Dir(filepath.Join(dir, f)), 0o755); err != nil {
+			return "", err
+		}
+		if err := os.WriteFile(filepath.Join(dir, f), b, 0o644); err != nil {
+			return "", err
+		}
+	}
+	return dir, nil
+}
+
+// isolationMiss skips a test of isolation, saying what is missing; with
+// FIBERD_ISOLATION_REQUIRED=1 (CI, as root) it fails instead, so the
+// attack test cannot be skipped there unnoticed.
+func isolationMiss(tb testing.TB, format string, args ...any) {
+	tb.Helper()
+	msg := fmt.Sprintf(format, args...)
+	if os.Getenv("FIBERD_ISOLATION_REQUIRED") != "" {
+		tb.Fatal(msg + " (FIBERD_ISOLATION_REQUIRED is set)")
+	}
+	tb.Skip(msg)
 }
 
 // kindPythonSys is kindPython on sysPython.
 var kindPythonSys = kind{"python", func(tb testing.TB, args ...string) template.Spec {
 	return template.Spec{
 		Command: sysPython(tb),
-		Args:    append([]string{"-u", abs(tb, "../../examples/templates/python/counter.py")}, args...),
-		Env:     map[string]string{"PYTHONPATH": abs(tb, "../../sdk/zygote/python"), "PYTHONDONTWRITEBYTECODE": "1"},
+		Args:    append([]string{"-u", pyFile(tb, "examples/templates/python/counter.py")}, args...),
+		Env:     map[string]string{"PYTHONPATH": pyFile(tb, "sdk/zygote/python"), "PYTHONDONTWRITEBYTECODE": "1"},
 		Zygote:  true,
 	}
 }}
@@ -78,7 +149,7 @@ func isoBackend(tb testing.TB, tier core.Tier, mods ...func(*Config)) Backend {
 		}
 	})
 	if s := b.Isolation(); !s.Level.AtLeast(cfg.Isolation) || !s.NetworkNone {
-		tb.Skipf("this host isolates less than asked (%+v): the isolation tests need root and user namespaces", s)
+		isolationMiss(tb, "this host isolates less than asked (%+v): the isolation tests need root and user namespaces", s)
 	}
 	return b
 }
@@ -388,6 +459,27 @@ func TestIsolationRefusals(t *testing.T) {
 	}
 }
 
+// TestIsolatedUnreadable: an isolated Python template whose script lies
+// where its user cannot read it (a test's temporary directory under /tmp)
+// does not warm, and the error says why a stranger to the host may fail.
+func TestIsolatedUnreadable(t *testing.T) {
+	b := isoBackend(t, core.TierWarm)
+	script := filepath.Join(t.TempDir(), "counter.py")
+	src, err := os.ReadFile(abs(t, "../../examples/templates/python/counter.py"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(script, src, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	spec := kindPythonSys.spec(t)
+	spec.Args[1] = script
+	err = b.Warm(ctxT(t), WarmRequest{Grant: core.Grant{UID: uidFor(t)}, Spec: spec, RunDir: t.TempDir()})
+	if err == nil || !strings.Contains(err.Error(), "stranger to the host") || !strings.Contains(err.Error(), "/tmp") {
+		t.Fatalf("Warm of a script under /tmp: %v, want a failure saying the isolated user must read its files outside /tmp", err)
+	}
+}
+
 // TestNetworkNone: a grant of "network": "none" runs in a network
 // namespace of its own with loopback alone (up), and its fibers serve on
 // the TCP and unix listeners fiberd bound in its own namespace.
@@ -542,11 +634,12 @@ func TestIsolationDegradedChild(t *testing.T) {
 		var mu sync.Mutex
 		cfg := testConfig()
 		cfg.Isolation = IsolationFiber
+		// The backend says it at V(1); the agent says it once at Info.
 		cfg.Logger = funcr.New(func(prefix, args string) {
 			mu.Lock()
 			lines = append(lines, prefix+" "+args)
 			mu.Unlock()
-		}, funcr.Options{})
+		}, funcr.Options{Verbosity: 1})
 		var b Backend
 		var err error
 		if tier == core.TierWarm {

@@ -175,10 +175,6 @@ func nsinitSetup(cfg nsinitConfig) error {
 	return nil
 }
 
-// scratchDirs get a tmpfs of their own per grant, and per fiber at
-// IsolationFiber. The SDKs mount the same list for a fiber.
-var scratchDirs = []string{"/tmp", "/var/tmp", "/dev/shm"}
-
 func mountScratch() error {
 	for _, d := range scratchDirs {
 		if st, err := os.Stat(d); err != nil || !st.IsDir() {

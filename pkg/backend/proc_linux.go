@@ -368,6 +368,9 @@ func (z *zygote) start(ctx context.Context, req WarmRequest) (err error) {
 			}
 		default:
 		}
+		if why == "" && z.level != IsolationNone {
+			why = isolatedHint(z.id)
+		}
 		err = fmt.Errorf("zygote exited before READY (log %s: %q%s): %w", lp.path, logTail(lp.path), why, ErrCold)
 	case <-wctx.Done():
 		why := ctx.Err()

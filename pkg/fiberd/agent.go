@@ -115,6 +115,8 @@ type fiberHandle struct {
 	// the agent's clock; 0 until one attaches (a pressure park reads the
 	// fiber's Created then).
 	used atomic.Int64
+	// iso is the isolation the backend said the fiber got.
+	iso backend.Isolation
 }
 
 // New validates cfg and prepares the agent in the order of ARCHITECTURE
@@ -223,6 +225,7 @@ func New(ctx context.Context, cfg Config) (a *Agent, err error) {
 	if err := a.bind(ctx, private); err != nil {
 		return nil, err
 	}
+	a.logIsolation()
 	a.log.Info("Agent ready to run", "home", cfg.Home.Name(), "epoch", a.ledger.Epoch(), "listen", cfg.Listen, "socket", cfg.Socket)
 	return a, nil
 }

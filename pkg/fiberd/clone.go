@@ -213,7 +213,7 @@ func (a *Agent) create(ctx context.Context, res *core.Reservation, v slotView, p
 		}
 		return api.CloneResponse{}, fmt.Errorf("fiber %s: clone: %w", fence, err)
 	}
-	h.pid, h.leaf = bf.PID, breq.Leaf
+	h.pid, h.leaf, h.iso = bf.PID, breq.Leaf, bf.Isolation
 	f := core.Fiber{Endpoint: url, Tier: b.Tier(), Created: a.cfg.Clock.Now(), Handle: h}
 	if cerr := a.ledger.Commit(res, f); cerr != nil {
 		// The grant was yielded or the epoch moved while forking: the new

@@ -212,6 +212,14 @@ type Config struct {
 	// under memory pressure (off by default). Each zero field takes its
 	// default (see ParkLimits).
 	Park ParkLimits
+	// MinIsolation is the least isolation a grant may run with
+	// (-min-isolation): a grant whose backend gives less on this host
+	// (Backend.Isolation), or whose template allows less ("isolation":
+	// "shared" under backend.IsolationFiber), is refused with a tier gap
+	// (412 TIER_GAP) and never served less isolated. Default
+	// backend.IsolationNone: any. Validate refuses a value that is not a
+	// level.
+	MinIsolation backend.Isolation
 
 	// AdminUnsafe enables the admin socket's test-only routes POST /issuer
 	// and POST /scope-lost (-admin-unsafe). Validate refuses it unless the
@@ -333,6 +341,8 @@ func (c Config) ValidateSettings() error {
 		return bad("DenyFor %v is negative: use 0 for the default %v", c.DenyFor, DefaultDenyFor)
 	case c.BudgetInterval < 0:
 		return bad("BudgetInterval %v is negative: use 0 for the default %v", c.BudgetInterval, DefaultBudgetInterval)
+	case c.MinIsolation != "" && !validIsolation(c.MinIsolation):
+		return bad("MinIsolation %q is not an isolation level: set -min-isolation to none, grant or fiber", string(c.MinIsolation))
 	case c.AdminUnsafe && !TestHooks:
 		return bad("AdminUnsafe is set but this binary was built without the testhooks tag: drop -admin-unsafe")
 	}

@@ -62,6 +62,17 @@
 // streams, releases every fiber, stops every zygote, closes the backends
 // and the home, and returns.
 //
+// # Isolation
+//
+// The backends isolate grants and fibers (pkg/backend, Config.Isolation
+// there). New logs once, in one line, what each backend gives on this host
+// and what is missing; the status (api.Status.Isolation, and each grant's
+// and fiber's Isolation) and the metrics (fiberd_backend_isolation,
+// fiberd_grant_isolation) show it. With Config.MinIsolation a grant that
+// would get less (its backend gives less here, or its template says
+// "isolation": "shared") is a tier gap, refused before it is admitted or by
+// the backend's Warm (isolation.go).
+//
 // Locks: see the Agent type. No lock is held across I/O, a process start
 // or a call into the home, a backend or the verifier.
 //

@@ -232,6 +232,9 @@ func (a *Agent) status() api.Status {
 		Grants: []api.GrantStatus{},
 
 		Checkpoint: a.checkpointStatus(),
+		// Isolation in the status: isolation.go.
+		Isolation:    a.isolationStatus(),
+		MinIsolation: a.minIsolationStatus(),
 	}
 	for _, gs := range a.ledger.Snapshot() {
 		g := gs.Grant
@@ -247,7 +250,7 @@ func (a *Agent) status() api.Status {
 			out.LatestFence = &core.Fence{GrantUID: g.UID, Epoch: st.Epoch, Seq: gs.LastSeq}
 		}
 		for _, f := range gs.Running {
-			out.Fibers = append(out.Fibers, api.FiberStatus{FiberID: f.Fence.String(), Session: f.Session, Endpoint: f.Endpoint})
+			out.Fibers = append(out.Fibers, api.FiberStatus{FiberID: f.Fence.String(), Session: f.Session, Endpoint: f.Endpoint, Isolation: fiberIsolation(f)})
 		}
 		st.Grants = append(st.Grants, out)
 	}

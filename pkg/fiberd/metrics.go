@@ -27,6 +27,7 @@ type metrics struct {
 	latency *prometheus.HistogramVec
 	exits   *prometheus.CounterVec
 	state   *stateCollector
+	iso     *isolationCollector
 }
 
 func newMetrics(reg prometheus.Registerer, a *Agent) (*metrics, error) {
@@ -52,7 +53,8 @@ func newMetrics(reg prometheus.Registerer, a *Agent) (*metrics, error) {
 			lane:    prometheus.NewDesc("fiberd_lane_healthy", "1 while the home's control plane counts as reachable, else 0.", nil, nil),
 		},
 	}
-	for _, c := range []prometheus.Collector{m.clones, m.latency, m.exits, m.state} {
+	m.iso = newIsolationCollector(a)
+	for _, c := range []prometheus.Collector{m.clones, m.latency, m.exits, m.state, m.iso} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

@@ -235,7 +235,8 @@ func (a *Agent) admit(s *slot, g core.Grant) error {
 }
 
 // pick chooses the backend of grant g: Warm when its template is a zygote
-// and Warm is configured, else Basic. The chosen tier must reach g.MinTier.
+// and Warm is configured, else Basic. The chosen tier must reach g.MinTier,
+// and isolate as far as Config.MinIsolation asks (isolationGap).
 func (a *Agent) pick(g core.Grant, spec template.Spec) (backend.Backend, error) {
 	var b backend.Backend
 	switch {
@@ -255,6 +256,9 @@ func (a *Agent) pick(g core.Grant, spec template.Spec) (backend.Backend, error) 
 			return nil, fmt.Errorf("grant %q: needs tier CHECKPOINT, the best this agent serves its template at is %s (%v): %w", g.UID, t, a.park.why, core.ErrTierGap)
 		}
 		return nil, fmt.Errorf("grant %q: needs tier %s, the best this agent serves its template at is %s: %w", g.UID, min, t, core.ErrTierGap)
+	}
+	if err := a.isolationGap(g, b); err != nil {
+		return nil, err
 	}
 	return b, nil
 }
@@ -315,7 +319,8 @@ func (a *Agent) ensureWarm(ctx context.Context, s *slot) error {
 		s.cg, s.cgRec, s.memCgroup = cg, rec, mem
 		s.mu.Unlock()
 	}
-	req := backend.WarmRequest{Grant: g, Spec: spec, Devices: dev, RunDir: filepath.Join(a.cfg.RunDir, "grants", uid), Records: a.recs}
+	req := backend.WarmRequest{Grant: g, Spec: spec, Devices: dev, RunDir: filepath.Join(a.cfg.RunDir, "grants", uid), Records: a.recs,
+		MinIsolation: a.cfg.MinIsolation}
 	if cg != nil {
 		req.Cgroup = cg.Dir.Path()
 	}

@@ -207,6 +207,9 @@ func (s *slot) status(out *api.GrantStatus) {
 	}
 	out.Warm = warm && b.Warmed(s.uid) // outside mu: a call into the backend
 	out.Tier = b.Tier()
+	if out.Warm {
+		out.Isolation = string(b.GrantIsolation(s.uid))
+	}
 	if !out.Warm && err != nil {
 		out.Error = err.Error()
 	}

@@ -17,7 +17,9 @@
 //   - W budget: a fiber over its grant's wBudget is ended, the reason in
 //     the status, its exit and the metrics;
 //   - tier floor: a grant above the tier its template is served at is a
-//     412, never served lower;
+//     412, never served lower; so is a grant on a node that serves grants
+//     isolated at least at a level (-min-isolation) its backend does not
+//     give, never served less isolated;
 //   - device budget: a template gets the devices its grant asks for, and a
 //     grant asking for more than the home offers is a miss;
 //   - zygote loss: its fibers end ("template died"), the grant is warmed
@@ -29,7 +31,10 @@
 // lane, without cgroups) and, in the integration build, the Kubernetes home
 // of a grant Pod on a real kube-apiserver (test/kubeapi), carving a cgroup
 // v2 subtree. The backends: the fake (pkg/backend/fake), proc (WARM) and
-// exec (BASIC) running the C counter of examples/templates. Run it with
+// exec (BASIC) running the C counter of examples/templates, and, with the
+// fake home, proc and exec isolating every fiber (fiberd's default on a
+// standalone host; they skip where the host does not isolate, unless
+// FIBERD_ISOLATION_REQUIRED=1). Run it with
 // `make conformance` (every home and backend, testhooks and integration
 // builds); `go test ./test/conformance` runs it without the Kubernetes home
 // and without the run-time epoch bump.

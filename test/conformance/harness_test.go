@@ -126,6 +126,89 @@ var execBackend = Backend{
 	Devices:    fiberDevices,
 }
 
+// procIsolated and execIsolated are proc and exec asked for
+// backend.IsolationFiber, fiberd's default on a standalone host: the
+// promises hold for isolated grants too. They skip, saying why, where the
+// host does not isolate (not root, no user namespaces), and fail instead
+// with FIBERD_ISOLATION_REQUIRED=1 (CI). An isolated fiber is PID 1 of its
+// own namespace, so its devices are read from its grant's processes.
+var procIsolated = Backend{
+	Name: "proc-isolated", Tier: core.TierWarm,
+	New: func(t *testing.T) backend.Backend {
+		b, err := backend.NewProc(backend.Config{Logger: quiet, Isolation: backend.IsolationFiber})
+		must(t, err)
+		requireIsolation(t, b)
+		return b
+	},
+	Spec:       func(t *testing.T) template.Spec { return devkit.CounterCSpec(counterC(t), true) },
+	Running:    fiberRuns,
+	OverBudget: dirty24,
+	Devices:    grantDevices,
+	KillZygote: killZygote,
+}
+
+var execIsolated = Backend{
+	Name: "exec-isolated", Tier: core.TierBasic,
+	New: func(t *testing.T) backend.Backend {
+		b, err := backend.NewExec(backend.Config{Logger: quiet, Isolation: backend.IsolationFiber})
+		must(t, err)
+		requireIsolation(t, b)
+		return b
+	},
+	Spec:       func(t *testing.T) template.Spec { return devkit.CounterCSpec(counterC(t), false) },
+	Running:    fiberRuns,
+	OverBudget: dirty24,
+	Devices:    grantDevices,
+}
+
+// requireIsolation skips (or, with FIBERD_ISOLATION_REQUIRED, fails) the
+// test when b does not isolate fibers on this host. It closes b then.
+func requireIsolation(t *testing.T, b backend.Backend) {
+	t.Helper()
+	s := b.Isolation()
+	if s.Level == backend.IsolationFiber {
+		return
+	}
+	b.Close()
+	msg := fmt.Sprintf("this host does not isolate fibers (%s): the isolated backends need root and user namespaces", s.Missing)
+	if os.Getenv("FIBERD_ISOLATION_REQUIRED") != "" {
+		t.Fatal(msg)
+	}
+	t.Skip(msg)
+}
+
+// grantDevices reads FIBERD_DEVICES from the environment of a process of
+// fiber f's grant (every process of a grant has its template's).
+func grantDevices(t *testing.T, _ backend.Backend, f api.CloneResponse) []string {
+	t.Helper()
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		if _, err := strconv.Atoi(e.Name()); err != nil {
+			continue
+		}
+		env, err := os.ReadFile("/proc/" + e.Name() + "/environ")
+		if err != nil || !bytes.Contains(env, []byte("FIBERD_GRANT_UID="+f.Fence.GrantUID+"\x00")) {
+			continue
+		}
+		return envDevices(env)
+	}
+	t.Fatalf("no process of grant %s found", f.Fence.GrantUID)
+	return nil
+}
+
+// envDevices is FIBERD_DEVICES of an environ file, split.
+func envDevices(env []byte) []string {
+	for _, kv := range bytes.Split(env, []byte{0}) {
+		if v, ok := bytes.CutPrefix(kv, []byte("FIBERD_DEVICES=")); ok {
+			if len(v) == 0 {
+				return nil
+			}
+			return strings.Split(string(v), ",")
+		}
+	}
+	return nil
+}
+
 var (
 	buildOnce sync.Once
 	buildDir  string
@@ -177,15 +260,7 @@ func fiberDevices(t *testing.T, _ backend.Backend, f api.CloneResponse) []string
 	}
 	env, err := os.ReadFile("/proc/" + m[1] + "/environ")
 	must(t, err)
-	for _, kv := range bytes.Split(env, []byte{0}) {
-		if v, ok := bytes.CutPrefix(kv, []byte("FIBERD_DEVICES=")); ok {
-			if len(v) == 0 {
-				return nil
-			}
-			return strings.Split(string(v), ",")
-		}
-	}
-	return nil
+	return envDevices(env)
 }
 
 // killZygote kills grant uid's zygote, a child of this process (the
@@ -215,7 +290,7 @@ func killZygote(t *testing.T, _ backend.Backend, uid string) {
 // -------------------------------------------------------------------- runs
 
 func TestFakeHome(t *testing.T) {
-	for _, b := range []Backend{fakeBackend, procBackend, execBackend} {
+	for _, b := range []Backend{fakeBackend, procBackend, execBackend, procIsolated, execIsolated} {
 		t.Run(b.Name, func(t *testing.T) { Run(t, fakeHome, b) })
 	}
 }

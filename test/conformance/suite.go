@@ -136,6 +136,9 @@ type env struct {
 	signer *grant.Signer
 	keys   grant.KeySource
 
+	// minIsolation is the agent's Config.MinIsolation at its next start.
+	minIsolation backend.Isolation
+
 	home   home.Home
 	ctl    Control
 	be     backend.Backend
@@ -185,7 +188,7 @@ func (e *env) start() {
 	cfg := fiberd.Config{
 		Home: e.home, Issuer: issuer, NodeID: node, Keys: e.keys,
 		Templates: filepath.Join(e.state, "templates"), StateDir: e.state,
-		BudgetInterval: 100 * time.Millisecond, AdminUnsafe: fiberd.TestHooks,
+		BudgetInterval: 100 * time.Millisecond, AdminUnsafe: fiberd.TestHooks, MinIsolation: e.minIsolation,
 		Logger: funcr.New(func(prefix, args string) { t.Log(prefix, args) }, funcr.Options{Verbosity: 0}),
 	}
 	if e.b.Tier == core.TierWarm {
@@ -523,7 +526,9 @@ func wBudget(e *env) {
 
 // tierFloor: a grant whose minTier is above the tier its template is
 // served at is refused with a tier gap (412), never served lower; one at
-// the tier is served at it.
+// the tier is served at it. On a node that serves grants isolated at least
+// at a level (-min-isolation) its backend does not give on this host, a
+// grant is refused with a tier gap too, never served less isolated.
 func tierFloor(e *env) {
 	t := e.t
 	above := core.TierCheckpoint
@@ -539,6 +544,29 @@ func tierFloor(e *env) {
 	e.clone(api.CloneRequest{Grant: string(e.mint("at", func(g *core.Grant) { g.MinTier = e.b.Tier }))})
 	if g, _ := e.grant("at"); g.Tier != e.b.Tier {
 		t.Errorf("grant at tier %s served at %s", e.b.Tier, g.Tier)
+	}
+
+	level := e.be.Isolation().Level
+	if g, _ := e.grant("at"); g.Isolation != string(level) {
+		t.Errorf("grant served with isolation %q, its backend gives %s", g.Isolation, level)
+	}
+	more := backend.IsolationGrant
+	switch level {
+	case backend.IsolationFiber:
+		return // nothing is more
+	case backend.IsolationGrant:
+		more = backend.IsolationFiber
+	}
+	e.minIsolation = more
+	e.restart()
+	r := e.refuse(api.CloneRequest{Grant: string(e.mint("isolated"))})
+	if r.Status != http.StatusPreconditionFailed || r.Body.Code != api.CodeTierGap || !strings.Contains(r.Body.Message, "isolat") {
+		t.Errorf("clone of a grant on a node serving isolation %s at least, its backend giving %s: %d %s %q, want 412 TIER_GAP naming isolation",
+			more, level, r.Status, r.Body.Code, r.Body.Message)
+	}
+	st := e.status()
+	if _, admitted := e.grant("isolated"); admitted || st.MinIsolation != string(more) {
+		t.Errorf("status %+v: want the grant not admitted and minIsolation %s", st, more)
 	}
 }
 

@@ -84,7 +84,9 @@ func crashAndRestart(t *testing.T, root, bin, state, cgroupRoot, moment string) 
 	defer cancel()
 	switch moment {
 	case "mid-warm":
-		st = d.waitServing(t)
+		// Both zygote grants listed, warm or not: the status may list the
+		// BASIC grants a moment before them.
+		st = d.waitServing(t, "counter-c", "counter-py")
 		// Kill once a zygote runs and is not warm yet (it spends 200 ms
 		// initialising).
 		for deadline := time.Now().Add(time.Minute); ; {
@@ -259,8 +261,8 @@ func (d *fiberd) client(t *testing.T) *client.Client {
 }
 
 // waitServing waits until the API answers a status with the -dev grants
-// listed, warm or not.
-func (d *fiberd) waitServing(t *testing.T) api.Status {
+// listed, warm or not: some grant, or every one of templates.
+func (d *fiberd) waitServing(t *testing.T, templates ...string) api.Status {
 	t.Helper()
 	c := d.client(t)
 	deadline := time.Now().Add(2 * time.Minute)
@@ -273,7 +275,7 @@ func (d *fiberd) waitServing(t *testing.T) api.Status {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		st, err := c.Status(ctx)
 		cancel()
-		if err == nil && len(st.Grants) > 0 {
+		if err == nil && len(st.Grants) > 0 && hasAll(grantUIDs(st), templates) {
 			return st
 		}
 		if time.Now().After(deadline) {
@@ -419,4 +421,14 @@ func cgroupWritable() bool {
 		return false
 	}
 	return os.Remove(dir) == nil
+}
+
+// hasAll reports whether uids names a grant of every one of templates.
+func hasAll(uids map[string]string, templates []string) bool {
+	for _, tmpl := range templates {
+		if uids[tmpl] == "" {
+			return false
+		}
+	}
+	return true
 }

@@ -64,6 +64,10 @@ func TestDevDaemon(t *testing.T) {
 			fibers = append(fibers, resp)
 		}
 	}
+	// Isolated (fiberd's default as root), each fiber is PID 1 of a PID
+	// namespace of its own and says so; its pid in fiberd's is found in
+	// /proc.
+	isolated := isolatedFibers(t, st)
 	pids := map[int]string{}
 	for _, f := range fibers {
 		body := get(t, f.Endpoint)
@@ -75,7 +79,21 @@ func TestDevDaemon(t *testing.T) {
 			t.Fatalf("fiber %s answered %q, without its pid", f.FiberID, body)
 		}
 		pid, _ := strconv.Atoi(m[1])
+		if isolated {
+			if pid != 1 {
+				t.Errorf("isolated fiber %s answered pid %d, want 1 (PID 1 of its own namespace)", f.FiberID, pid)
+			}
+			continue
+		}
 		pids[pid] = f.FiberID
+	}
+	if isolated {
+		checkIsolated(t, d, uids, state)
+		for _, p := range runProcs(uids, d.cmd.Process.Pid) {
+			if p.role == "fiber" {
+				pids[p.pid] = p.what
+			}
+		}
 	}
 	if len(pids) != len(fibers) {
 		t.Fatalf("%d fibers answered from %d distinct processes", len(fibers), len(pids))
@@ -137,6 +155,13 @@ type fiberd struct {
 
 func startFiberd(t *testing.T, root, bin, state, cgroupRoot string, extra ...string) *fiberd {
 	t.Helper()
+	return startFiberdWith(t, root, bin, state, cgroupRoot, nil, extra...)
+}
+
+// startFiberdWith is startFiberd with mod applied to the command before it
+// starts (nil: none).
+func startFiberdWith(t *testing.T, root, bin, state, cgroupRoot string, mod func(*exec.Cmd), extra ...string) *fiberd {
+	t.Helper()
 	d := &fiberd{bin: bin, socket: filepath.Join(state, "fiberd.sock"), logs: &bytes.Buffer{}, exited: make(chan struct{})}
 	args := append([]string{"-dev", "-state", state, "-listen", "127.0.0.1:0", "-cgroup-root", cgroupRoot}, extra...)
 	d.cmd = exec.Command(filepath.Join(bin, "fiberd"), args...)
@@ -144,6 +169,9 @@ func startFiberd(t *testing.T, root, bin, state, cgroupRoot string, extra ...str
 	d.cmd.Stdout = &lockedWriter{w: d.logs}
 	d.cmd.Stderr = d.cmd.Stdout
 	d.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if mod != nil {
+		mod(d.cmd)
+	}
 	if err := d.cmd.Start(); err != nil {
 		t.Fatalf("starting fiberd: %v", err)
 	}
