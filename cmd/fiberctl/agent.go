@@ -261,9 +261,13 @@ func cmdFiber(ctx context.Context, cmd string, args []string, g global, e env) i
 	return grantcli.ExitOK
 }
 
-// cmdStatus: fiberctl status
+// cmdStatus: fiberctl status [-ready]. With -ready it prints nothing on
+// success and exits 1 while no grant's template is warm: the exec
+// readiness probe of a grant Pod, so a restarted fiberd's Pod is not Ready
+// on the readiness gate its previous run set.
 func cmdStatus(ctx context.Context, args []string, g global, e env) int {
 	fs := newFlags("status", e)
+	ready := fs.Bool("ready", false, "print nothing; exit 1 unless a grant's template is warm (a grant Pod's readiness probe)")
 	if st, ok := grantcli.ParseFlags(fs, args); !ok {
 		return st
 	}
@@ -274,6 +278,13 @@ func cmdStatus(ctx context.Context, args []string, g global, e env) int {
 	s, err := c.Status(ctx)
 	if err != nil {
 		return callFailed(fs, g, e, err)
+	}
+	if *ready {
+		if !s.Ready {
+			fmt.Fprintf(e.stderr, "fiberctl status: not ready: no grant's template is warm yet (epoch %d)\n", s.Epoch)
+			return grantcli.ExitFailure
+		}
+		return grantcli.ExitOK
 	}
 	if g.json {
 		return printJSON(e, s)

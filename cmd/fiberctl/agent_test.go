@@ -233,6 +233,33 @@ func TestStatus(t *testing.T) {
 	}
 }
 
+// TestStatusReady: status -ready is a grant Pod's exec readiness probe: it
+// prints nothing and exits 0 while a grant's template is warm, and exits 1
+// with the reason while none is (a restarted fiberd before its first warm),
+// and when fiberd does not answer.
+func TestStatusReady(t *testing.T) {
+	for _, ready := range []bool{true, false} {
+		st := testStatus()
+		st.Ready = ready
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { json.NewEncoder(w).Encode(st) }))
+		code, out, errs := runCmd(t, testNow, "", "-addr", srv.Listener.Addr().String(), "status", "-ready")
+		srv.Close()
+		want := grantcli.ExitOK
+		if !ready {
+			want = grantcli.ExitFailure
+		}
+		if code != want || out != "" || ready != (errs == "") || (!ready && !strings.Contains(errs, "not ready")) {
+			t.Errorf("ready %v: exit %d (want %d), stdout %q, stderr %q", ready, code, want, out, errs)
+		}
+	}
+	srv := httptest.NewServer(http.NotFoundHandler())
+	addr := srv.Listener.Addr().String()
+	srv.Close()
+	if code, _, errs := runCmd(t, testNow, "", "-addr", addr, "status", "-ready"); code != grantcli.ExitFailure {
+		t.Errorf("fiberd down: exit %d, %q; want %d", code, errs, grantcli.ExitFailure)
+	}
+}
+
 func TestWatch(t *testing.T) {
 	_, addr := newAgent(t)
 	code, out, errs := runCmd(t, testNow, "", "-addr", addr, "watch")

@@ -5,7 +5,7 @@
 //	fiberctl [-addr unix:///path|host:port] [-o text|json] [-tls-cert F -tls-key F] [-ca F] <command>
 //	fiberctl clone [-grant-uid UID | -grant FILE] [-session S] [-deadline D] [-payload P]
 //	fiberctl release|park [-key KEY | -grant FILE] FIBER_ID
-//	fiberctl status
+//	fiberctl status [-ready]
 //	fiberctl watch
 //	fiberctl grant keygen [-alg EdDSA|ES256] [-kid K] -out key.jwk [-jwks-out jwks.json]
 //	fiberctl grant mint -key key.jwk -issuer URL -audience NODE -template name@sha256:HEX [flags]

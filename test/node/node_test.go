@@ -477,9 +477,11 @@ func TestRestart(t *testing.T) {
 		return true, ""
 	})
 	// The readiness gate still says True, as the killed run left it, until the new run publishes
-	// its own (its first poll repairs a stale condition; it patches True again once warm): the
-	// Pod can show Ready a moment before the new fiberd serves. Wait for the new run's word.
-	staleReady := isTrue(p, corev1.PodReady)
+	// its own; the exec readiness probe (fiberctl status -ready) keeps the new container, and so
+	// the Pod, not Ready until the new run has a warm template. Wait for the new run's word.
+	if isTrue(p, corev1.PodReady) && !grepLine(c.logs(t, ns, podName, false), "Published the Pod's readiness", "ready=true") {
+		t.Errorf("the Pod shows Ready on the killed run's condition before the new fiberd published its own: %+v", p.Status.Conditions)
+	}
 	g2 := c.readGrantPod(t, p)
 	agent2 := g2.agent(t)
 	for end := time.Now().Add(time.Minute); ; time.Sleep(50 * time.Millisecond) {
@@ -503,9 +505,6 @@ func TestRestart(t *testing.T) {
 	}
 	p = c.waitPod(t, ns, podName, waitPod, "Ready", podReady)
 	record("restart: fiberd SIGKILLed to the new run's readiness published and the Pod Ready", time.Since(t0))
-	if staleReady {
-		t.Logf("the Pod showed Ready on the killed run's condition when its container restarted, before the new fiberd served (docs/kubernetes.md, Restarts)")
-	}
 	if last := p.Status.ContainerStatuses[0].LastTerminationState.Terminated; last == nil || last.ExitCode != 137 {
 		t.Errorf("the killed run ended %+v, want exit code 137 (SIGKILL)", last)
 	}
