@@ -445,17 +445,26 @@ poll:
 	if tcp := addrString(agent); tcp != "" {
 		fmt.Fprintf(stdout, "  API        http://%s (plaintext, loopback only)\n", tcp)
 	}
+	warmLevel := ""
 	if st, err := c.Status(ctx); err == nil {
 		fmt.Fprintf(stdout, "  isolation  %s\n", isolationLine(st))
+		for _, ti := range st.Isolation {
+			if ti.Tier == core.TierWarm {
+				warmLevel = ti.Level
+			}
+		}
 	}
 	fmt.Fprintln(stdout, "  grants:")
 	ck := agent.Checkpoint()
+	// An isolated grant runs in a user namespace CRIU cannot dump (design
+	// decision 65): its fibers are not parkable though CRIU works.
+	parkable := ck.Available && (warmLevel == "" || warmLevel == string(backend.IsolationNone))
 	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
 	for _, g := range d.grants {
 		tier, state := "BASIC (fork+exec per clone)", "ready"
 		if g.Warm {
 			tier = "WARM (forked from a zygote)"
-			if ck.Available {
+			if parkable {
 				tier = "CHECKPOINT (forked from a zygote, parkable)"
 			}
 			state = "warming"
@@ -466,9 +475,12 @@ poll:
 		fmt.Fprintf(tw, "    %s\t%s\t%s\t%s\n", g.UID, g.Template, tier, state)
 	}
 	tw.Flush()
-	if ck.Available {
+	switch {
+	case parkable:
 		fmt.Fprintln(stdout, "  parking    on: a fiber cloned with -session can be parked to disk (fiberctl park); a clone of its session resumes it")
-	} else {
+	case ck.Available:
+		fmt.Fprintf(stdout, "  parking    off: the grants run isolated (%s), in user namespaces CRIU cannot dump; fiberd -dev -isolation none parks\n", warmLevel)
+	default:
 		fmt.Fprintf(stdout, "  parking    off: %s\n", ck.Reason)
 	}
 	fmt.Fprintln(stdout, "\nNext, from the checkout in another terminal:")

@@ -180,7 +180,8 @@ type Status struct {
 	Grants []GrantStatus `json:"grants"`
 	// Redacted is set when the caller is not authenticated: each grant
 	// then shows its counts only, without Fibers, ParkedSessions or
-	// LatestFence (no fiber id, endpoint or session of anyone's fiber).
+	// LatestFence, and its Exits without their FiberID (no fiber id,
+	// endpoint or session of anyone's fiber).
 	Redacted bool `json:"redacted,omitempty"`
 	// Checkpoint says whether this home can park fibers (the CHECKPOINT
 	// tier) and, when not, what is missing.

@@ -238,12 +238,21 @@ func (a *apiServer) authorizeFiber(ctx context.Context, authed bool, req api.Fib
 
 // redact is st as an unauthenticated caller sees it: each grant with its
 // counts, template, tier and lease, without its fibers (ids, endpoints,
-// sessions) or latest fence.
+// sessions), parked sessions or latest fence, and its exits with their
+// reasons and times but not the fibers' ids. st itself is left whole.
 func redact(st api.Status) api.Status {
 	st.Redacted = true
 	grants := make([]api.GrantStatus, len(st.Grants))
 	for i, g := range st.Grants {
 		g.Fibers, g.LatestFence, g.ParkedSessions = nil, nil, nil
+		exits := make([]api.FiberExit, len(g.Exits))
+		for j, x := range g.Exits {
+			x.FiberID = ""
+			exits[j] = x
+		}
+		if len(exits) > 0 {
+			g.Exits = exits
+		}
 		grants[i] = g
 	}
 	st.Grants = grants

@@ -455,6 +455,30 @@ func TestClientOnThePlaintextListener(t *testing.T) {
 	}
 }
 
+// TestRedact: what an unauthenticated caller reads names no fiber, not even
+// one that has ended, and the status it was made from is left whole for
+// the callers who may read it.
+func TestRedact(t *testing.T) {
+	f := core.Fence{GrantUID: "g1", Epoch: 2, Seq: 5}
+	full := api.Status{Grants: []api.GrantStatus{{
+		UID: "g1", Running: 1, Max: 4, LatestFence: &f,
+		Fibers:         []api.FiberStatus{{FiberID: "g1/2/5", Endpoint: "tcp://127.0.0.1:20005", Session: "s"}},
+		ParkedSessions: []api.ParkedSession{{Session: "p", FiberID: "g1/2/4"}}, Parked: 1,
+		Exits: []api.FiberExit{{FiberID: "g1/2/3", Reason: "exit:0"}},
+	}}}
+	r := redact(full)
+	g := r.Grants[0]
+	if !r.Redacted || g.Fibers != nil || g.LatestFence != nil || g.ParkedSessions != nil || g.Running != 1 || g.Parked != 1 {
+		t.Errorf("redacted grant %+v", g)
+	}
+	if len(g.Exits) != 1 || g.Exits[0].FiberID != "" || g.Exits[0].Reason != "exit:0" {
+		t.Errorf("redacted exits %+v, want the reason without the fiber id", g.Exits)
+	}
+	if o := full.Grants[0]; o.Exits[0].FiberID != "g1/2/3" || len(o.Fibers) != 1 || o.LatestFence == nil {
+		t.Errorf("redact changed the status it was given: %+v", o)
+	}
+}
+
 // FuzzBrowserCheck feeds arbitrary Host, Origin, Sec-Fetch-Site and
 // Content-Type headers to the guard of a plaintext loopback listener on
 // 127.0.0.1:8484. It must not panic; what it lets through names the

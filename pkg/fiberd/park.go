@@ -220,17 +220,30 @@ func (a *Agent) checkpointStatus() api.Checkpoint {
 }
 
 // tierOf is the tier backend b serves grant uid's fibers at: CHECKPOINT
-// for the WARM backend when it can park them, else b's own. A grant whose
-// fibers share its pid namespace without leading one (isolation "grant")
-// cannot be parked by CRIU, so it is served at WARM.
+// for the WARM backend when it can park them, else b's own. A grant
+// served isolated ("grant" or "fiber") runs in a user namespace of its
+// own, which the CRIU fiberd drives cannot dump (design decision 65), so
+// it is served at WARM.
 func (a *Agent) tierOf(b backend.Backend, uid string) core.Tier {
 	if b == nil {
 		return ""
 	}
-	if a.park.ck != nil && b == a.cfg.Warm && b.GrantIsolation(uid) != backend.IsolationGrant {
+	if a.park.ck != nil && b == a.cfg.Warm && parkable(b.GrantIsolation(uid)) {
 		return core.TierCheckpoint
 	}
 	return b.Tier()
+}
+
+// parkable reports whether fibers isolated at level can be parked: those
+// without isolation, and those of a grant not warm yet ("").
+func parkable(level backend.Isolation) bool {
+	return level == "" || level == backend.IsolationNone
+}
+
+// errIsolatedPark says why an isolated grant's fibers cannot be parked,
+// and the way out.
+func errIsolatedPark(level backend.Isolation) error {
+	return fmt.Errorf("its grant runs at isolation %q, in a user namespace of its own, which CRIU cannot dump here; run fiberd with -isolation none to park this grant's fibers", level)
 }
 
 // parkFloor refuses, once warm, a grant needing CHECKPOINT whose fibers
@@ -241,8 +254,7 @@ func (a *Agent) parkFloor(s *slot) error {
 		return nil
 	}
 	if t := a.tierOf(v.backend, s.uid); t != core.TierCheckpoint {
-		return fmt.Errorf("grant %q: needs tier CHECKPOINT; its fibers run at isolation %q, inside the grant's pid namespace, where CRIU cannot park them: %w",
-			s.uid, v.backend.GrantIsolation(s.uid), core.ErrTierGap)
+		return fmt.Errorf("grant %q: needs tier CHECKPOINT: %v: %w", s.uid, errIsolatedPark(v.backend.GrantIsolation(s.uid)), core.ErrTierGap)
 	}
 	return nil
 }
@@ -286,7 +298,7 @@ func (a *Agent) parkFiber(ctx context.Context, f core.Fiber, by string, try bool
 		case h.backend != a.cfg.Warm:
 			why = errors.New("only fibers forked from a zygote (a template with \"zygote\": true) can be parked; this one was started by fork+exec")
 		case a.park.ck != nil:
-			why = fmt.Errorf("its grant runs at isolation %q, whose fibers CRIU cannot park", h.backend.GrantIsolation(uid))
+			why = errIsolatedPark(h.backend.GrantIsolation(uid))
 		}
 		return resp, &tierGap{fence: fence, tier: t, why: why}
 	}

@@ -112,6 +112,40 @@ func TestParkWithoutCheckpointTier(t *testing.T) {
 	}
 }
 
+// TestParkIsolatedGrant: a grant served isolated runs in a user namespace
+// CRIU cannot dump, so it is served at WARM even where parking works: a
+// park of its fiber is 412 naming the isolation and the way out, and runs
+// nothing (the fiber runs on, no image); a grant that needs CHECKPOINT is a
+// tier gap. A grant without isolation beside it parks.
+func TestParkIsolatedGrant(t *testing.T) {
+	parks := 0
+	hooks := fake.Hooks{Park: func(context.Context, backend.ParkRequest) error { parks++; return nil }}
+	for _, level := range []backend.Isolation{backend.IsolationGrant, backend.IsolationFiber} {
+		t.Run(string(level), func(t *testing.T) {
+			e := newEnv(t, withCheckpoint(hooks), withIsolation(backend.IsolationSupport{Level: level}, backend.IsolationSupport{Level: backend.IsolationNone}))
+			uid := e.deliver(e.mint("g1"))
+			c := e.cloneReq(e.unix, api.CloneRequest{GrantUID: uid, Session: "s"}).clone(t)
+			if g := e.grantStatus(uid); g.Tier != core.TierWarm || g.Isolation != string(level) {
+				t.Errorf("isolated grant: tier %s, isolation %q; want WARM, %s", g.Tier, g.Isolation, level)
+			}
+			if !e.status().Checkpoint.Available {
+				t.Fatalf("parking is off: %+v", e.status().Checkpoint)
+			}
+			r := e.parkReq(c.FiberID)
+			if r.status != http.StatusPreconditionFailed || r.apiError(t).Code != api.CodeTierGap || !strings.Contains(r.apiError(t).Message, "user namespace") || !strings.Contains(r.apiError(t).Message, "-isolation none") {
+				t.Fatalf("park of an isolated fiber: %d %s, want 412 TIER_GAP naming the user namespace and -isolation none", r.status, r.body)
+			}
+			if got := e.warm.Running(uid); len(got) != 1 || parks != 0 || len(e.images()) != 0 {
+				t.Fatalf("a refused park left running %v, %d parks, images %v", got, parks, e.images())
+			}
+			r = e.cloneReq(e.tcp, api.CloneRequest{Grant: e.mint("g2", tier(core.TierCheckpoint))})
+			if r.status != http.StatusPreconditionFailed || !strings.Contains(r.apiError(t).Message, "CHECKPOINT") || !strings.Contains(r.apiError(t).Message, "user namespace") {
+				t.Fatalf("clone of an isolated grant needing CHECKPOINT: %d %s, want 412", r.status, r.body)
+			}
+		})
+	}
+}
+
 // TestParkAndResume: a park ends the fiber, frees its running slot and
 // keeps its session parked (status, metrics, the image on disk); a Clone of
 // the session resumes it as a new fiber (kind resume, a new fence, its

@@ -89,8 +89,10 @@ func TestKill9MidParkLeavesNothing(t *testing.T) {
 // dump and restore take long enough to be killed in the middle of.
 const parkDirtyMiB = 64
 
+// killMidCheckpoint runs fiberd with -isolation none: an isolated grant's
+// fibers run in a user namespace CRIU cannot dump (design decision 65).
 func killMidCheckpoint(t *testing.T, root, bin, state, cgroupRoot, criu, moment string) {
-	d := startFiberd(t, root, bin, state, cgroupRoot, "-criu", criu)
+	d := startFiberd(t, root, bin, state, cgroupRoot, "-criu", criu, "-isolation", "none")
 	st := d.waitWarm(t, "counter-c", "counter-py")
 	if !st.Checkpoint.Available {
 		t.Fatalf("fiberd cannot park: %s", st.Checkpoint.Reason)
@@ -149,7 +151,7 @@ func killMidCheckpoint(t *testing.T, root, bin, state, cgroupRoot, criu, moment 
 	images, _ := os.ReadDir(filepath.Join(state, "private", "parked"))
 	t.Logf("%s: %d processes of the run when fiberd was killed; parked images directory before the restart: %d grants", moment, len(before), len(images))
 
-	d = startFiberd(t, root, bin, state, cgroupRoot, "-criu", criu)
+	d = startFiberd(t, root, bin, state, cgroupRoot, "-criu", criu, "-isolation", "none")
 	restarted, _ := startTime(d.cmd.Process.Pid)
 	st2 := d.waitServing(t)
 	if st2.Epoch <= epoch {
