@@ -343,6 +343,11 @@ func isTrue(p *corev1.Pod, typ corev1.PodConditionType) bool {
 	return c != nil && c.Status == corev1.ConditionTrue
 }
 
+// containerStarted reports whether the Pod's one container is running (ready or not).
+func containerStarted(p *corev1.Pod) bool {
+	return len(p.Status.ContainerStatuses) == 1 && p.Status.ContainerStatuses[0].State.Running != nil
+}
+
 func podReady(p *corev1.Pod) (bool, string) {
 	if isTrue(p, corev1.PodReady) {
 		return true, ""
