@@ -244,7 +244,11 @@ GO
 			|| { tail -n 20 "$dir/resolve.log" >&2; fail "resolving etcd failed (log: $dir/resolve.log)"; }
 	fi
 	install_tool "$dir" . etcd "-s -w -X go.etcd.io/etcd/api/v3/version.GitSHA=v$v"
-	"$BIN/etcd" --version | grep -q "^etcd Version: $v\$" || fail "etcd reports '$("$BIN/etcd" --version | head -n 1)', want $v"
+	# Read the whole answer first: with pipefail, grep -q leaving early would fail the check
+	# whenever etcd is still writing its later lines (SIGPIPE).
+	local got
+	got=$("$BIN/etcd" --version)
+	[[ ${got%%$'\n'*} == "etcd Version: $v" ]] || fail "etcd reports '${got%%$'\n'*}', want $v"
 }
 
 # stamp FILE STAMP: record a built set (temporary name, then rename).
