@@ -55,6 +55,7 @@ type options struct {
 	nodeN         int
 	nodeBurst     int
 	nodeIdle      time.Duration
+	onlyNode      bool
 	quick         bool
 	verbose       bool
 	noPlot        bool
@@ -93,6 +94,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.IntVar(&o.nodeN, "n-node", 30, "single starts of each real-node row (fiberd grant Pod, Pod per worker, agent-sandbox warm pool)")
 	fs.IntVar(&o.nodeBurst, "node-burst", 20, "workers of each real-node row's burst; the warm pool holds this many and 4 more")
 	fs.DurationVar(&o.nodeIdle, "node-idle", 10*time.Second, "the idle window before each real-node row whose writes are the cluster's own")
+	fs.BoolVar(&o.onlyNode, "only-node", false, "measure only the real-node comparison (the other sections say \"not measured\"); not with -doc")
 	fs.BoolVar(&o.quick, "quick", false, "a fast smoke run: few samples, short loops, small bursts")
 	fs.BoolVar(&o.verbose, "v", false, "log fiberd's and the home's lines to stderr (default: a file in $TMPDIR, named at the start)")
 	fs.BoolVar(&o.noPlot, "no-plot", false, "write no PNG plots")
@@ -122,6 +124,9 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	}
 	if o.parkN < 1 {
 		return o, errors.New("-park-n must be positive")
+	}
+	if o.onlyNode && (o.doc != "" || o.skipNode || o.skipKube) {
+		return o, errors.New("-only-node measures the real-node rows alone: not with -doc, -skip-node or -skip-kube")
 	}
 	if o.nodeBurst < 1 || o.nodeIdle <= 0 {
 		return o, errors.New("-node-burst and -node-idle must be positive")
@@ -214,6 +219,15 @@ func measure(ctx context.Context, o options, p *progress, log logr.Logger, kube 
 	}
 	defer os.RemoveAll(work)
 
+	if o.onlyNode {
+		var podNode LatencyRow
+		res.Node, podNode = nodeComparison(ctx, work, kube, o, p)
+		res.Latency = latencyRows(map[string]LatencyRow{modePodNode: podNode})
+		if !res.Node.Measured {
+			return errors.New("the real-node comparison was not measured: " + res.Node.Note)
+		}
+		return nil
+	}
 	p.Phasef("preparing the example templates (internal/devkit, as fiberd -dev)")
 	tpl, err := prepareTemplates(work, o)
 	if err != nil {

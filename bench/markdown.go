@@ -159,6 +159,8 @@ func Markdown(r Result, plotDir string) string {
 		}
 	}
 
+	nodeMarkdown(&b, r.Node, plotDir)
+
 	b.WriteString("#### Against published figures\n\n")
 	b.WriteString(Comparisons(r))
 	b.WriteString("\n#### Machine\n\n")
