@@ -209,12 +209,22 @@ type rowDriver struct {
 	memoryAfter  func(ctx context.Context, before any, ws []nodeWorker) (NodeMemory, error)
 }
 
-// runRow measures a row: the single starts inside a window of apiserver_request_total (after
+// runRow measures a row: a warm-up start, the single starts inside a window of apiserver_request_total (after
 // an idle window on the same cluster), then a burst whose workers' memory is read while they
 // are all alive; every worker is released.
 func (e *nodeEnv) runRow(ctx context.Context, row *NodeRow, d rowDriver) error {
 	n := e.o.nodeN
 	idle := e.o.nodeIdle
+	// One start outside every count: first-of-their-kind costs (a controller's caches, the
+	// garbage collector learning a new resource) are not a worker's.
+	e.p.Phasef("%s: a warm-up start", row.Mode)
+	w, err := d.start(ctx, "warm-up")
+	if err != nil {
+		return fmt.Errorf("warm-up start: %w", err)
+	}
+	if err := w.release(ctx); err != nil {
+		return fmt.Errorf("warm-up start: release: %w", err)
+	}
 	e.p.Phasef("%s: %s idle window for the cluster's own writes", row.Mode, idle)
 	idleRate, err := e.idleWrites(ctx, idle)
 	if err != nil {
