@@ -1,7 +1,9 @@
 package main
 
 import (
+	"cmp"
 	"fmt"
+	"slices"
 	"strings"
 )
 
@@ -58,6 +60,11 @@ func nodeMarkdown(b *strings.Builder, r NodeResult, plotDir string) {
 	b.WriteString("Cost per worker: API server writes (`apiserver_request_total`, every resource, over the single starts' whole cycles, less the same cluster's idle rate), and Pss in MiB read while the burst's workers were all alive.\n\n")
 	table(b, []string{"mode", "API writes per worker", "worker's processes MiB", "its Pod (pause, shim) MiB",
 		"kubelet + containerd growth MiB", "total MiB", "memory note"}, cost)
+	for _, x := range r.Rows {
+		if x.Measured && x.Writes.Workers > 0 {
+			fmt.Fprintf(b, "Writes of %s per worker: %s.\n\n", x.Mode, writeCounts(x.Writes))
+		}
+	}
 	var lines []string
 	for _, other := range []string{modePodNode, modeNodeWarmPool} {
 		if p50, p99, ok := NodeRatios(r, other); ok {
@@ -73,4 +80,33 @@ func nodeMarkdown(b *strings.Builder, r NodeResult, plotDir string) {
 		vs = append(vs, []string{v.Part, v.Version, v.From})
 	}
 	table(b, []string{"part", "version", "from"}, vs)
+}
+
+// writeCounts lists a row's writes per worker by "VERB resource", the largest first, with the
+// idle rate's share; "none" when there were none.
+func writeCounts(w NodeWrites) string {
+	type kv struct {
+		k string
+		v float64
+	}
+	var all []kv
+	for k, v := range w.Delta {
+		if verb, _, _ := strings.Cut(k, " "); IsWrite(verb) && v > 0 {
+			all = append(all, kv{k, v / float64(w.Workers)})
+		}
+	}
+	if len(all) == 0 {
+		return "none"
+	}
+	slices.SortFunc(all, func(a, b kv) int {
+		if c := cmp.Compare(b.v, a.v); c != 0 {
+			return c
+		}
+		return strings.Compare(a.k, b.k)
+	})
+	parts := make([]string, len(all))
+	for i, x := range all {
+		parts[i] = fmt.Sprintf("`%s` %s", x.k, num(x.v))
+	}
+	return fmt.Sprintf("%s (the idle rate's share, subtracted: %s)", strings.Join(parts, ", "), num(w.IdlePerSecond*w.Seconds/float64(w.Workers)))
 }

@@ -97,7 +97,9 @@ func (e *nodeEnv) warmPoolRow(ctx context.Context, res *NodeResult) NodeRow {
 			if err := e.poolFull(ctx, dyn, replicas); err != nil {
 				return NodeMemory{}, err
 			}
-			return e.podMemory(ctx, before, ws)
+			m, err := e.podMemory(ctx, before, ws)
+			m.Note = strings.TrimPrefix(fmt.Sprintf("%s; the pool's %d idle Pods hold about %s MiB more", m.Note, replicas, mib(float64(replicas)*m.TotalKiB())), "; ")
+			return m, err
 		},
 	})
 	if err != nil {
