@@ -211,6 +211,10 @@ func Comparisons(r Result) string {
 	} else {
 		b.WriteString("- Pod start-up SLO (5 s p99): a Pod per worker on the API server alone " + notMeasured + ".\n")
 	}
+	if claim, ok := nodeRow(r.Node, modeNodeWarmPool); ok {
+		fmt.Fprintf(&b, "- Kubernetes warm-pool claim, %s ms p50: the agent-sandbox warm pool claim measured on the real node here has p50 %s ms (%s the figure) and p99 %s ms.\n",
+			num(publishedWarmPoolMs), num(claim.Single.P50), times(publishedWarmPoolMs, claim.Single.P50), num(claim.Single.P99))
+	}
 	if node, ok := row(modePodNode); ok {
 		fmt.Fprintf(&b, "- Pod start-up SLO, %s ms p99: a Pod per worker on a real node (scheduled, sandbox, container, first HTTP byte) has p50 %s ms and p99 %s ms, %s the SLO; its p50 is %s fiberd warm C's.\n",
 			num(publishedPodSLOMs), num(node.Summary.P50), num(node.Summary.P99), times(publishedPodSLOMs, node.Summary.P99), ratio(node.RatioP50))
