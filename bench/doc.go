@@ -7,6 +7,7 @@
 //	go run ./bench -out docs/bench -doc docs/benchmarks.md    # the full run
 //	go run ./bench -quick -out /tmp/bench                     # a smoke run, about a minute
 //	go run ./bench -skip-kube ...                             # without kube-apiserver and etcd
+//	go run ./bench -only-node -out /tmp/bench-node            # the real-node comparison alone
 //
 // What it measures, through the real agent (pkg/fiberd in this process,
 // with the standalone home, called over its unix socket with pkg/client):

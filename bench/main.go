@@ -53,6 +53,9 @@ type options struct {
 	skipKube      bool
 	skipNode      bool
 	nodeN         int
+	nodeBurst     int
+	nodeIdle      time.Duration
+	onlyNode      bool
 	quick         bool
 	verbose       bool
 	noPlot        bool
@@ -88,7 +91,10 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.StringVar(&o.plotDir, "plot-link", "", "the path the plots are linked under in the table (default: -out relative to -doc's directory, else -out)")
 	fs.BoolVar(&o.skipKube, "skip-kube", false, "measure without kube-apiserver and etcd; their rows say \"not measured\"")
 	fs.BoolVar(&o.skipNode, "skip-node", false, "measure without a real node; the real-node Pod-per-worker row says \"not measured\"")
-	fs.IntVar(&o.nodeN, "n-node", 30, "samples of the real-node Pod per worker (each starts a Pod, about a second)")
+	fs.IntVar(&o.nodeN, "n-node", 30, "single starts of each real-node row (fiberd grant Pod, Pod per worker, agent-sandbox warm pool)")
+	fs.IntVar(&o.nodeBurst, "node-burst", 20, "workers of each real-node row's burst; the warm pool holds this many and 4 more")
+	fs.DurationVar(&o.nodeIdle, "node-idle", 10*time.Second, "the idle window before each real-node row whose writes are the cluster's own")
+	fs.BoolVar(&o.onlyNode, "only-node", false, "measure only the real-node comparison (the other sections say \"not measured\"); not with -doc")
 	fs.BoolVar(&o.quick, "quick", false, "a fast smoke run: few samples, short loops, small bursts")
 	fs.BoolVar(&o.verbose, "v", false, "log fiberd's and the home's lines to stderr (default: a file in $TMPDIR, named at the start)")
 	fs.BoolVar(&o.noPlot, "no-plot", false, "write no PNG plots")
@@ -103,6 +109,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	if o.quick {
 		o.n, o.coldN, o.burst, o.rounds, o.loop = 30, 5, 10, 1, time.Second
 		o.densityN, o.kubeRounds, o.metricClones, o.nodeN = 8, 1, 20, 5
+		o.nodeIdle = 3 * time.Second
 		set := false
 		fs.Visit(func(f *flag.Flag) { set = set || f.Name == "park-n" })
 		if !set {
@@ -117,6 +124,12 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	}
 	if o.parkN < 1 {
 		return o, errors.New("-park-n must be positive")
+	}
+	if o.onlyNode && (o.doc != "" || o.skipNode || o.skipKube) {
+		return o, errors.New("-only-node measures the real-node rows alone: not with -doc, -skip-node or -skip-kube")
+	}
+	if o.nodeBurst < 1 || o.nodeIdle <= 0 {
+		return o, errors.New("-node-burst and -node-idle must be positive")
 	}
 	if o.n < 1 || o.nodeN < 1 || o.burst < 1 || o.rounds < 1 || o.densityN < 1 || o.kubeRounds < 1 || o.metricClones < 1 || o.loop <= 0 || o.kubePoll <= 0 {
 		return o, errors.New("-n, -n-node, -burst, -burst-rounds, -density-n, -kube-rounds, -metric-clones, -loop and -kube-poll must be positive")
@@ -206,6 +219,15 @@ func measure(ctx context.Context, o options, p *progress, log logr.Logger, kube 
 	}
 	defer os.RemoveAll(work)
 
+	if o.onlyNode {
+		var podNode LatencyRow
+		res.Node, podNode = nodeComparison(ctx, work, kube, o, p)
+		res.Latency = latencyRows(map[string]LatencyRow{modePodNode: podNode})
+		if !res.Node.Measured {
+			return errors.New("the real-node comparison was not measured: " + res.Node.Note)
+		}
+		return nil
+	}
 	p.Phasef("preparing the example templates (internal/devkit, as fiberd -dev)")
 	tpl, err := prepareTemplates(work, o)
 	if err != nil {
@@ -335,16 +357,24 @@ func measure(ctx context.Context, o options, p *progress, log logr.Logger, kube 
 		kc.close()
 	}
 
-	// The real-node row runs last, on a control plane of its own (see podPerWorkerNode).
+	// The real-node rows run last, on a control plane of their own (see nodeComparison).
+	res.Node = NodeResult{BurstSize: o.nodeBurst, Note: "kube-apiserver not run"}
 	if kube != nil {
 		if o.skipNode {
 			latency[modePodNode] = LatencyRow{Mode: modePodNode, What: latency[modePodNode].What, Note: "run with -skip-node"}
+			res.Node.Note = "run with -skip-node"
 		} else {
-			latency[modePodNode] = podPerWorkerNode(ctx, work, kube, o, p)
+			res.Node, latency[modePodNode] = nodeComparison(ctx, work, kube, o, p)
 		}
-		if r := latency[modePodNode]; !r.Measured {
-			banner(p.w, "The real-node Pod-per-worker row is NOT MEASURED: "+r.Note)
-			res.Warnings = append(res.Warnings, "the real-node Pod-per-worker row was not measured: "+r.Note)
+		if !res.Node.Measured {
+			banner(p.w, "The real-node comparison is NOT MEASURED: "+res.Node.Note)
+			res.Warnings = append(res.Warnings, "the real-node comparison was not measured: "+res.Node.Note)
+		}
+		for _, r := range res.Node.Rows {
+			if !r.Measured {
+				banner(p.w, "The real-node row "+r.Mode+" is NOT MEASURED: "+r.Note)
+				res.Warnings = append(res.Warnings, "the real-node row "+r.Mode+" was not measured: "+r.Note)
+			}
 		}
 		res.Latency = latencyRows(latency)
 	}

@@ -159,6 +159,8 @@ func Markdown(r Result, plotDir string) string {
 		}
 	}
 
+	nodeMarkdown(&b, r.Node, plotDir)
+
 	b.WriteString("#### Against published figures\n\n")
 	b.WriteString(Comparisons(r))
 	b.WriteString("\n#### Machine\n\n")
@@ -208,6 +210,10 @@ func Comparisons(r Result) string {
 			num(publishedPodSLOMs), num(pod.Summary.P99), times(publishedPodSLOMs, pod.Summary.P99), num(warm.Summary.P99))
 	} else {
 		b.WriteString("- Pod start-up SLO (5 s p99): a Pod per worker on the API server alone " + notMeasured + ".\n")
+	}
+	if claim, ok := nodeRow(r.Node, modeNodeWarmPool); ok {
+		fmt.Fprintf(&b, "- Kubernetes warm-pool claim, %s ms p50: the agent-sandbox warm pool claim measured on the real node here has p50 %s ms (%s the figure) and p99 %s ms.\n",
+			num(publishedWarmPoolMs), num(claim.Single.P50), times(publishedWarmPoolMs, claim.Single.P50), num(claim.Single.P99))
 	}
 	if node, ok := row(modePodNode); ok {
 		fmt.Fprintf(&b, "- Pod start-up SLO, %s ms p99: a Pod per worker on a real node (scheduled, sandbox, container, first HTTP byte) has p50 %s ms and p99 %s ms, %s the SLO; its p50 is %s fiberd warm C's.\n",

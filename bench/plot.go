@@ -12,10 +12,24 @@ import (
 	"gonum.org/v1/plot/vg"
 )
 
-// writePlots renders the latency distributions (a CDF and a box plot, log
-// scale) and the closed loop into dir, and returns the files written.
+// writePlots renders the real-node comparison's distributions (a CDF), the
+// latency distributions (a CDF and a box plot, log scale) and the closed
+// loop into dir, and returns the files written.
 func writePlots(dir string, r Result) ([]string, error) {
 	var written []string
+	var node []LatencyRow
+	for _, x := range r.Node.Rows {
+		if x.Measured && len(x.SamplesMs) > 0 {
+			node = append(node, LatencyRow{Mode: x.Mode, SamplesMs: x.SamplesMs, Summary: x.Single})
+		}
+	}
+	if len(node) > 0 {
+		path := filepath.Join(dir, "node-cdf.png")
+		if err := saveCDF("Real node: a worker's start to its first HTTP byte, cumulative distribution", node, path); err != nil {
+			return nil, err
+		}
+		written = append(written, path)
+	}
 	var rows []LatencyRow
 	for _, l := range r.Latency {
 		if l.Measured && len(l.SamplesMs) > 0 {
@@ -23,42 +37,16 @@ func writePlots(dir string, r Result) ([]string, error) {
 		}
 	}
 	if len(rows) == 0 {
-		return nil, nil
+		return written, nil
 	}
 
-	cdf := plot.New()
-	cdf.Title.Text = "Clone to first HTTP byte: cumulative distribution"
-	cdf.X.Label.Text = "milliseconds (log scale)"
-	cdf.Y.Label.Text = "fraction of samples at or below"
-	cdf.X.Scale, cdf.X.Tick.Marker = plot.LogScale{}, plot.LogTicks{Prec: -1}
-	cdf.Legend.Top, cdf.Legend.Left = false, false
-	cdf.Add(plotter.NewGrid())
-	for i, l := range rows {
-		s := slices.Clone(l.SamplesMs)
-		slices.Sort(s)
-		xys := make(plotter.XYs, len(s))
-		for j, v := range s {
-			xys[j] = plotter.XY{X: max(v, 1e-3), Y: float64(j+1) / float64(len(s))}
-		}
-		line, err := plotter.NewLine(xys)
-		if err != nil {
-			return nil, err
-		}
-		line.Color = plotutil.Color(i)
-		line.Width = vg.Points(1.5)
-		cdf.Add(line)
-		cdf.Legend.Add(fmt.Sprintf("%s (p50 %s ms)", l.Mode, num(l.Summary.P50)), line)
-	}
-	cdf.Legend.Left, cdf.Legend.Top = true, true
-	lo, hi := sampleRange(rows)
-	cdf.X.Min, cdf.X.Max = lo/1.5, hi*1.5
-	cdf.Y.Min, cdf.Y.Max = 0, 1.02
 	path := filepath.Join(dir, "latency-cdf.png")
-	if err := cdf.Save(9*vg.Inch, 5*vg.Inch, path); err != nil {
+	if err := saveCDF("Clone to first HTTP byte: cumulative distribution", rows, path); err != nil {
 		return nil, err
 	}
 	written = append(written, path)
 
+	lo, hi := sampleRange(rows)
 	box := plot.New()
 	box.Title.Text = "Clone to first HTTP byte (box: quartiles; whiskers: 1.5 IQR)"
 	box.Y.Label.Text = "milliseconds (log scale)"
@@ -120,6 +108,38 @@ func writePlots(dir string, r Result) ([]string, error) {
 		written = append(written, path)
 	}
 	return written, nil
+}
+
+// saveCDF plots the cumulative distribution of each row's samples (log
+// scale) into path.
+func saveCDF(title string, rows []LatencyRow, path string) error {
+	cdf := plot.New()
+	cdf.Title.Text = title
+	cdf.X.Label.Text = "milliseconds (log scale)"
+	cdf.Y.Label.Text = "fraction of samples at or below"
+	cdf.X.Scale, cdf.X.Tick.Marker = plot.LogScale{}, plot.LogTicks{Prec: -1}
+	cdf.Add(plotter.NewGrid())
+	for i, l := range rows {
+		s := slices.Clone(l.SamplesMs)
+		slices.Sort(s)
+		xys := make(plotter.XYs, len(s))
+		for j, v := range s {
+			xys[j] = plotter.XY{X: max(v, 1e-3), Y: float64(j+1) / float64(len(s))}
+		}
+		line, err := plotter.NewLine(xys)
+		if err != nil {
+			return err
+		}
+		line.Color = plotutil.Color(i)
+		line.Width = vg.Points(1.5)
+		cdf.Add(line)
+		cdf.Legend.Add(fmt.Sprintf("%s (p50 %s ms)", l.Mode, num(l.Summary.P50)), line)
+	}
+	cdf.Legend.Left, cdf.Legend.Top = true, true
+	lo, hi := sampleRange(rows)
+	cdf.X.Min, cdf.X.Max = lo/1.5, hi*1.5
+	cdf.Y.Min, cdf.Y.Max = 0, 1.02
+	return cdf.Save(9*vg.Inch, 5*vg.Inch, path)
 }
 
 // sampleRange is the smallest and largest sample of rows (at least 1 µs).

@@ -23,6 +23,7 @@ type Result struct {
 	Park      []ParkRow       `json:"park"`
 	APIServer APIServerResult `json:"apiServer"`
 	KubeHome  KubeHomeResult  `json:"kubeHome"`
+	Node      NodeResult      `json:"node"`
 	Plots     []string        `json:"plots,omitempty"`
 	Warnings  []string        `json:"warnings,omitempty"`
 }
@@ -164,3 +165,87 @@ type KubeHomeResult struct {
 	// ScopeLoss is from the Pod's deletion to OnScopeLost firing.
 	ScopeLoss Summary `json:"scopeLoss"`
 }
+
+// NodeResult is the side-by-side comparison on one real node (kubelet,
+// containerd, runc, CNI bridge, scheduler and controller manager of
+// hack/node-up.sh): the same C template as a fiberd grant Pod, as a Pod per
+// worker and as an agent-sandbox warm pool, measured in one run.
+type NodeResult struct {
+	Measured bool   `json:"measured"`
+	Note     string `json:"note,omitempty"`
+	// Versions are the parts the rows ran on, each with where it came
+	// from.
+	Versions []Version `json:"versions,omitempty"`
+	// BurstSize is how many workers each row's burst starts at once.
+	BurstSize int       `json:"burstSize"`
+	Rows      []NodeRow `json:"rows"`
+}
+
+// Version is one part of the node comparison: its name, its version and
+// where it came from.
+type Version struct {
+	Part    string `json:"part"`
+	Version string `json:"version"`
+	From    string `json:"from"`
+}
+
+// NodeRow is one way of starting a worker of the C template on the real
+// node. A row that was not measured says why in Note.
+type NodeRow struct {
+	Mode     string `json:"mode"`
+	What     string `json:"what"`
+	Measured bool   `json:"measured"`
+	Note     string `json:"note,omitempty"`
+	// Single is one worker at a time, each released (outside the timer)
+	// before the next; SamplesMs are its samples, for the plot.
+	Single    Summary    `json:"single"`
+	SamplesMs []float64  `json:"samplesMs,omitempty"`
+	Burst     NodeBurst  `json:"burst"`
+	Writes    NodeWrites `json:"writes"`
+	Memory    NodeMemory `json:"memory"`
+}
+
+// NodeBurst is Size workers started at once, all until their first byte.
+type NodeBurst struct {
+	Size int `json:"size"`
+	// AllServedMs is from the start of the burst until the last worker
+	// answered.
+	AllServedMs float64 `json:"allServedMs"`
+	PerWorker   Summary `json:"perWorker"`
+	Errors      int     `json:"errors"`
+}
+
+// NodeWrites is what apiserver_request_total counted over the single
+// starts, whole cycles (start and release) of Workers workers, less what
+// the same cluster writes while idle.
+type NodeWrites struct {
+	Workers int     `json:"workers"`
+	Seconds float64 `json:"seconds"`
+	// Delta is every request of the window by "VERB resource".
+	Delta map[string]float64 `json:"delta,omitempty"`
+	// Writes are the window's writes; IdlePerSecond the rate of writes
+	// over an idle window just before, on the same cluster.
+	Writes        float64 `json:"writes"`
+	IdlePerSecond float64 `json:"idleWritesPerSecond"`
+	// PerWorker is (Writes - IdlePerSecond*Seconds) / Workers.
+	PerWorker float64 `json:"writesPerWorker"`
+}
+
+// NodeMemory is the proportional set size a worker costs, read while the
+// burst's workers were all alive, in KiB per worker.
+type NodeMemory struct {
+	Workers int `json:"workers"`
+	// WorkerKiB is the worker's own processes: the container's for a Pod,
+	// the fiber (what the grant Pod grew by per fiber) for fiberd.
+	WorkerKiB float64 `json:"workerKiB"`
+	// PodKiB is the Pod's own machinery per worker: its pause process and
+	// containerd shim; for fiberd the grant Pod's (fiberd, zygote, pause,
+	// shim) shared by the burst's fibers.
+	PodKiB float64 `json:"podKiB"`
+	// NodeKiB is kubelet's and containerd's growth per Pod added.
+	NodeKiB float64 `json:"nodeKiB"`
+	Note    string  `json:"note,omitempty"`
+}
+
+// TotalKiB is what one worker costs the node.
+func (m NodeMemory) TotalKiB() float64 { return m.WorkerKiB + m.PodKiB + m.NodeKiB }
