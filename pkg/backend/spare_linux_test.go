@@ -258,4 +258,3 @@ func TestNoHandOver(t *testing.T) {
 		t.Fatalf("Spares = %+v, want none", st)
 	}
 }
-
