@@ -38,7 +38,10 @@ type Proc struct {
 	closeErr  error
 }
 
-var _ Backend = (*Proc)(nil)
+var (
+	_ Backend = (*Proc)(nil)
+	_ Sparer  = (*Proc)(nil)
+)
 
 // NewProc validates cfg and returns a Proc with no grant warm. It starts no
 // process; the exit queue's goroutine runs until Close.
@@ -162,6 +165,7 @@ func (p *Proc) Warm(ctx context.Context, req WarmRequest) error {
 		if z == nil {
 			z = p.newZygote(uid, req.Spec, level)
 			z.recs = req.Records
+			z.spareW, z.spareMax = max0(req.Grant.Fibers.Warm), max0(req.Grant.Fibers.Max)
 			p.zygotes[uid] = z
 			p.mu.Unlock()
 			err := z.start(ctx, req)

@@ -31,8 +31,8 @@ import (
 // zygote still reaps it and reports its end as "EXITED s<n>", which the
 // backend maps to the fence it was given.
 //
-// The zygote keeps min(W, max - fibers) spares, W and max as SetSpares
-// last said (Warm says W=0). A replacement is asked for after each take,
+// The zygote keeps min(W, max - fibers) spares, W and max the warmed
+// grant's fibers.warm and fibers.max until SetSpares says otherwise. A replacement is asked for after each take,
 // off the Clone's path, by the zygote's spare loop, which is also what
 // asks for spares after READY, replaces one that died, and drops extra
 // ones (closing a spare's socket ends it). A spare that fails to start,
@@ -59,23 +59,6 @@ type spare struct {
 	// dropped is set when fiberd ended it (too many spares, an epoch
 	// bump): its end is not a failure.
 	dropped bool
-}
-
-// SpareStatus is what a grant's spares are, for status and metrics.
-type SpareStatus struct {
-	// Supported is set when the grant's zygote hands spares over (it said
-	// "READY spares").
-	Supported bool
-	// Want is how many spares the grant should have now: min(W, max -
-	// running), 0 when unsupported or given up (Failed).
-	Want int
-	// Ready is how many spares are forked and waiting.
-	Ready int
-	// Failed is set when spares kept failing and the zygote gets no more
-	// until one is taken or SetSpares is called.
-	Failed bool
-	// Taken counts the Clones a spare served since the zygote started.
-	Taken uint64
 }
 
 // SetSpares sets how many spares grant grantUID keeps: min(warm, max -
