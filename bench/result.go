@@ -21,6 +21,7 @@ type Result struct {
 	Loop      []LoopRow       `json:"loop"`
 	Density   []DensityRow    `json:"density"`
 	Park      []ParkRow       `json:"park"`
+	Spares    []SpareRow      `json:"spares,omitempty"`
 	APIServer APIServerResult `json:"apiServer"`
 	KubeHome  KubeHomeResult  `json:"kubeHome"`
 	Plots     []string        `json:"plots,omitempty"`
@@ -163,4 +164,15 @@ type KubeHomeResult struct {
 	StartToReady Summary `json:"startToReady"`
 	// ScopeLoss is from the Pod's deletion to OnScopeLost firing.
 	ScopeLoss Summary `json:"scopeLoss"`
+}
+
+// SpareRow is the memory the spare fibers of one grant hold while they
+// wait: the sum of their Private_Dirty (what the status reports).
+type SpareRow struct {
+	Template    string  `json:"template"`
+	Warm        int     `json:"warm"`
+	Ready       int     `json:"ready"`
+	MiB         float64 `json:"mib"`
+	PerSpareMiB float64 `json:"perSpareMiB"`
+	Note        string  `json:"note,omitempty"`
 }
