@@ -12,6 +12,7 @@ import (
 	"reflect"
 	"runtime"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -97,6 +98,8 @@ type zygote struct {
 	takenBy          map[string]string // spare name -> fence of the fiber it became
 	taken            uint64            // Clones served by a spare
 	spareWake        chan struct{}     // wakes spareLoop; buffered 1
+	lastTake         time.Time         // when a Clone last took a spare
+	settling         atomic.Bool       // a wake of spareLoop is scheduled after spareSettle
 }
 
 type pendingClone struct {

@@ -42,6 +42,13 @@ import (
 // reaped with its fibers; they live in the zygote's leaf until taken, so
 // their memory counts in the grant's cgroup.
 
+// spareSettle is how long after a take the spare loop waits before it
+// forks replacements, while at least half the wanted spares are still
+// ready: a fork (and, for Python, its page faults) competes for the CPU
+// with the fiber just handed over, and with the rest of a burst, which
+// are what a spare is for. Below half, it forks at once.
+const spareSettle = 2 * time.Millisecond
+
 // maxSpareFailures is how many spares in a row may fail to start, or die
 // untaken, before a zygote gets no more.
 const maxSpareFailures = 5
@@ -173,6 +180,15 @@ func (z *zygote) spareLoop() {
 		}
 		z.mu.Lock()
 		want := z.spareWantLocked()
+		if len(z.spares)+len(z.forking) < want && 2*len(z.spares) >= want {
+			if since := z.p.cfg.Clock.Since(z.lastTake); since < spareSettle {
+				z.mu.Unlock()
+				if z.settling.CompareAndSwap(false, true) {
+					z.p.cfg.Clock.AfterFunc(spareSettle-since, func() { z.settling.Store(false); z.kick() })
+				}
+				continue
+			}
+		}
 		var ask []string
 		for have := len(z.spares) + len(z.forking); have < want; have++ {
 			z.nextSpare++
@@ -456,6 +472,7 @@ func (z *zygote) handOver(ctx context.Context, sp *spare, req CloneRequest, pc *
 	}
 	z.taken++
 	z.spareFails = 0
+	z.lastTake = p.cfg.Clock.Now()
 	z.mu.Unlock()
 	if req.Leaf == "" && sp.start != 0 {
 		rec, err := z.recs.AddProcess(sp.pid, sp.start)
