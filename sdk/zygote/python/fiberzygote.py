@@ -37,6 +37,18 @@ by a signal it sends itself unless it handles it, and the processes it
 starts end with it. The pid in CLONED is then the child's pid in the
 zygote's namespace; the pidfd names it for fiberd.
 
+Spares: serve says "READY spares". On "SPARE <name>" it forks a spare, a
+child that does the set-up above that needs no identity (parent-death
+signal, session, isolation), closes the control socket and blocks on one end
+of a new SOCK_SEQPACKET pair, whose other end goes to fiberd with "SPARED
+<name> <pid>" (and a pidfd). fiberd then sends "TAKE <fence> <payload-hex|->"
+with [listener] or [listener, leaf] on it; the spare enters the leaf, moves
+the listener to descriptor 3, sets the environment as above, answers "TAKEN
+<fence>" and calls on_fiber exactly as a cloned child does. A spare whose
+socket fiberd closes exits 0. The zygote reaps spares like fibers and reports
+them with "EXITED <name> ...", also after they became fibers. See
+docs/templates.md.
+
 serve calls gc.freeze() before READY, so collections in fibers leave the
 zygote's objects (and their pages) alone. serve reaps every child, so a
 crashing fiber is reported as EXITED and the zygote keeps serving. On Linux
