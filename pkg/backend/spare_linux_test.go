@@ -258,3 +258,42 @@ func TestNoHandOver(t *testing.T) {
 		t.Fatalf("Spares = %+v, want none", st)
 	}
 }
+
+// TestDocSpares checks that a zygote written from docs/templates.md
+// without the SDK (testdata/plainzygote.py --spares: no pidfd, no
+// isolation) hands spares over: the Clone's fiber is a spare, serves its
+// own fence and payload, and is replaced.
+func TestDocSpares(t *testing.T) {
+	py := python(t)
+	p := newProc(t)
+	uid := uidFor(t)
+	warm(t, p, uid, template.Spec{Command: py, Args: []string{"-u", abs(t, "testdata/plainzygote.py"), "--spares"}, Zygote: true}, "")
+	p.SetSpares(uid, 2, 8)
+	before := readySpares(t, p, uid, 2)
+	ctx := ctxT(t)
+	for i := 1; i <= 3; i++ {
+		ep := listen(t, i%2 == 0)
+		f, err := p.Clone(ctx, CloneRequest{Fence: fence(uid, uint64(i)), Listener: ep.file, Payload: []byte{byte(i)}})
+		if err != nil {
+			t.Fatalf("Clone %d: %v", i, err)
+		}
+		if i == 1 && !slices.Contains(before, f.PID) {
+			t.Fatalf("Clone's pid %d is none of the spares %v", f.PID, before)
+		}
+		body, err := get(ep, "/")
+		m := fields(body)
+		if err != nil || m["fence"] != f.Fence.String() || m["payload"] != hex.EncodeToString([]byte{byte(i)}) || m["pid"] != strconv.Itoa(f.PID) {
+			t.Fatalf("fiber %d answers %q, %v", i, body, err)
+		}
+		readySpares(t, p, uid, 2)
+	}
+	if st := p.Spares(uid); st.Taken != 3 {
+		t.Fatalf("Spares = %+v, want 3 taken", st)
+	}
+	if err := p.Kill(ctx, fence(uid, 2)); err != nil {
+		t.Fatal(err)
+	}
+	if e := nextExit(t, p); e.Fence != fence(uid, 2) || !e.Reason.Killed {
+		t.Fatalf("exit = %+v", e)
+	}
+}
