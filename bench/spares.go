@@ -36,10 +36,10 @@ type spareRows struct {
 }
 
 // measureSpares runs the spare rows: clone to first byte with W=spareW
-// (into latency), a burst of o.burst with W=spareBurstW (each round starts
-// once every spare is ready again, outside the timer), the closed loop at
+// (into latency), a burst of o.burst with W=spareBurstW, the closed loop at
 // each concurrency with W=spareW, and the memory the spares hold (into
-// res.Spares).
+// res.Spares). Each phase, and each burst round, starts once every
+// grant's spares are ready again (outside the timer).
 func measureSpares(ctx context.Context, work string, k *kit, o options, p *progress, log logr.Logger, latency map[string]LatencyRow, res *Result) (spareRows, error) {
 	var out spareRows
 	var gs []benchGrant
@@ -58,10 +58,19 @@ func measureSpares(ctx context.Context, work string, k *kit, o options, p *progr
 		return out, err
 	}
 	defer ag.stop()
-	for _, g := range gs {
-		if _, err := ag.sparesReady(ctx, ag.uids[g.key], g.warm); err != nil {
-			return out, err
+	// Every phase starts once every grant's spares are back: refilling
+	// another grant's (50 Python forks after a burst) would load the
+	// machine under the phase measured.
+	quiet := func(ctx context.Context) error {
+		for _, g := range gs {
+			if _, err := ag.sparesReady(ctx, ag.uids[g.key], g.warm); err != nil {
+				return err
+			}
 		}
+		return nil
+	}
+	if err := quiet(ctx); err != nil {
+		return out, err
 	}
 
 	for _, mode := range []string{modeSpareC, modeSparePy} {
@@ -71,6 +80,9 @@ func measureSpares(ctx context.Context, work string, k *kit, o options, p *progr
 			row.Note = k.missing[spareTemplate[mode]]
 			latency[mode] = row
 			continue
+		}
+		if err := quiet(ctx); err != nil {
+			return out, err
 		}
 		p.Phasef("clone to first byte: %s (%d samples)", mode, o.n)
 		before := ag.spares(ctx, uid)
@@ -93,10 +105,7 @@ func measureSpares(ctx context.Context, work string, k *kit, o options, p *progr
 		}
 		p.Phasef("burst of %d: %s (%d rounds, each once the spares are ready)", o.burst, mode, o.rounds)
 		before := ag.spares(ctx, uid)
-		row, err = ag.burstAfter(ctx, uid, mode, o.burst, o.rounds, p.Counter(o.rounds), func(ctx context.Context) error {
-			_, err := ag.sparesReady(ctx, uid, spareBurstW)
-			return err
-		})
+		row, err = ag.burstAfter(ctx, uid, mode, o.burst, o.rounds, p.Counter(o.rounds), quiet)
 		if err != nil {
 			return out, fmt.Errorf("burst %s: %w", mode, err)
 		}
@@ -111,7 +120,7 @@ func measureSpares(ctx context.Context, work string, k *kit, o options, p *progr
 				out.loop = append(out.loop, LoopRow{Mode: mode, Concurrency: c, Note: k.missing[spareTemplate[mode]]})
 				continue
 			}
-			if _, err := ag.sparesReady(ctx, uid, spareW); err != nil {
+			if err := quiet(ctx); err != nil {
 				return out, err
 			}
 			p.Phasef("closed loop: %s, %d callers, %s", mode, c, o.loop)

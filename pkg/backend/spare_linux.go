@@ -49,6 +49,10 @@ import (
 // are what a spare is for. Below half, it forks at once.
 const spareSettle = 2 * time.Millisecond
 
+// maxForking is how many SPAREs a zygote is asked at once; SPARED asks for
+// the next.
+const maxForking = 1
+
 // maxSpareFailures is how many spares in a row may fail to start, or die
 // untaken, before a zygote gets no more.
 const maxSpareFailures = 5
@@ -190,7 +194,9 @@ func (z *zygote) spareLoop() {
 			}
 		}
 		var ask []string
-		for have := len(z.spares) + len(z.forking); have < want; have++ {
+		// One SPARE at a time: a Clone that finds no spare forks, and its
+		// CLONE waits behind the SPAREs the zygote has queued.
+		for have := len(z.spares) + len(z.forking); have < want && len(z.forking) < maxForking; have++ {
 			z.nextSpare++
 			name := spareName(z.nextSpare)
 			z.forking[name] = true
@@ -386,10 +392,12 @@ func (z *zygote) handOver(ctx context.Context, sp *spare, req CloneRequest, pc *
 		z.mu.Unlock()
 		_ = sp.conn.Close()
 		if sp.pidfd >= 0 {
+			// The zygote reaps it (EXITED, then ignored).
 			_ = unix.PidfdSendSignal(sp.pidfd, unix.SIGKILL, nil, 0)
 			_ = unix.Close(sp.pidfd)
+		} else {
+			_ = syscall.Kill(-sp.pid, syscall.SIGKILL)
 		}
-		_ = syscall.Kill(-sp.pid, syscall.SIGKILL)
 		return nil, err
 	}
 	fds := []int{int(req.Listener.Fd())}
@@ -438,6 +446,8 @@ func (z *zygote) handOver(ctx context.Context, sp *spare, req CloneRequest, pc *
 			kctx, cancel := core.WithTimeout(context.Background(), p.cfg.Clock, p.cfg.KillTimeout)
 			_ = cgroup.At(req.Leaf).Kill(kctx)
 			cancel()
+		} else {
+			_ = syscall.Kill(-sp.pid, syscall.SIGKILL) // its session, should it have started anything
 		}
 		return fail(ctx.Err())
 	case err != nil || n == 0:
