@@ -19,8 +19,7 @@ const (
 	msgExited = "EXITED" // zygote -> fiberd: EXITED <fence|spare> <exit:N|signal:NAME>
 	msgSpare  = "SPARE"  // fiberd -> zygote: SPARE <spare>
 	msgSpared = "SPARED" // zygote -> fiberd: SPARED <spare> <pid>, with [hand-over socket] or [hand-over socket, pidfd]
-	msgTake   = "TAKE"   // fiberd -> spare: TAKE <fence> <payload-hex|->, with [listener] or [listener, leaf]
-	msgTaken  = "TAKEN"  // spare -> fiberd: TAKEN <fence>, or ERROR <fence> <reason...>
+	msgTake   = "TAKE"   // fiberd -> spare: TAKE <fence> <payload-hex|->, with [listener]; no answer
 
 	// featureSpares is the word after READY of a zygote that forks
 	// spares on SPARE and hands them over on TAKE.
@@ -74,20 +73,6 @@ func formatSpare(name string) string { return msgSpare + " " + name }
 // formatTake builds "TAKE <fence> <payload-hex|->".
 func formatTake(f core.Fence, payload []byte) string {
 	return msgTake + formatClone(f, payload)[len(msgClone):]
-}
-
-// parseTaken reads a spare's answer to TAKE for fence: nil for "TAKEN
-// <fence>", the spare's reason for "ERROR <fence> <reason>", and an error
-// saying so for anything else. A spare is the template's code too.
-func parseTaken(b []byte, fence string) error {
-	s := string(b)
-	if s == msgTaken+" "+fence {
-		return nil
-	}
-	if reason, ok := strings.CutPrefix(s, msgError+" "+fence+" "); ok && !strings.ContainsAny(reason, "\x00\n") {
-		return fmt.Errorf("spare refused: %s", trunc(reason))
-	}
-	return fmt.Errorf("spare answered %q to TAKE, want TAKEN %s", trunc(s), fence)
 }
 
 // parseMessage reads one message from a zygote. A zygote is the template's

@@ -71,14 +71,6 @@ func TestTakeMessages(t *testing.T) {
 	if got := formatSpare(spareName(4)); got != "SPARE s4" {
 		t.Errorf("formatSpare = %q", got)
 	}
-	if err := parseTaken([]byte("TAKEN g/3/9"), "g/3/9"); err != nil {
-		t.Errorf("parseTaken(TAKEN) = %v", err)
-	}
-	for _, in := range []string{"TAKEN g/3/8", "ERROR g/3/9 cgroup: denied", "TAKEN", ""} {
-		if err := parseTaken([]byte(in), "g/3/9"); err == nil {
-			t.Errorf("parseTaken(%q) = nil, want an error", in)
-		}
-	}
 }
 
 func TestExitReasonString(t *testing.T) {

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"path/filepath"
 	"runtime"
 	"syscall"
 	"time"
@@ -23,11 +22,12 @@ import (
 // child set up as a fiber is (parent-death signal, session, isolation)
 // but for its identity, blocked on a hand-over socket of its own whose
 // other end the zygote sends fiberd with "SPARED s<n> <pid>". A Clone that
-// finds a spare sends it "TAKE <fence> <payload>" with the listener and
-// the leaf on that socket; the spare enters the leaf, moves the listener
-// to descriptor 3, sets the fiber's environment, answers "TAKEN <fence>"
+// finds a spare moves it into the fiber's leaf, sends it "TAKE <fence>
+// <payload>" with the listener on that socket and closes the socket; the
+// spare moves the listener to descriptor 3, sets the fiber's environment
 // and runs the template's fiber code. One message and one wake-up on the
-// Clone's path, instead of a fork and its copy-on-write faults. The
+// Clone's path (the spare's, while the caller connects), instead of a fork
+// and its copy-on-write faults. The
 // zygote still reaps it and reports its end as "EXITED s<n>", which the
 // backend maps to the fence it was given.
 //
@@ -47,7 +47,7 @@ import (
 // ready: a fork (and, for Python, its page faults) competes for the CPU
 // with the fiber just handed over, and with the rest of a burst, which
 // are what a spare is for. Below half, it forks at once.
-const spareSettle = 2 * time.Millisecond
+const spareSettle = 10 * time.Millisecond
 
 // maxForking is how many SPAREs a zygote is asked at once; SPARED asks for
 // the next.
@@ -375,11 +375,16 @@ func (z *zygote) popSpareLocked() *spare {
 // Clone forks instead.
 var errSpareGone = errors.New("spare ended before the hand-over")
 
-// handOver makes spare sp the fiber of req: TAKE with the listener and the
-// leaf, then TAKEN. pc is the Clone's pending entry (z.pending[fence]),
+// handOver makes spare sp the fiber of req: it moves the spare into the
+// leaf (so the fiber is in it when Clone returns, as a forked one is),
+// sends TAKE with the listener, and closes its end of the hand-over
+// socket. It does not wait for the spare: the spare does the rest of its
+// set-up before any user code runs, while the caller's first connection
+// queues on the listener; a spare that fails it exits 127, which is its
+// fiber's Exit. pc is the Clone's pending entry (z.pending[fence]),
 // removed here. It returns errSpareGone when the spare ended before it
-// took the fiber, so the caller may fork instead; the spare's record is
-// closed either way.
+// was handed the fiber, so the caller may fork instead; the spare's record
+// is closed either way.
 func (z *zygote) handOver(ctx context.Context, sp *spare, req CloneRequest, pc *pendingClone) (*fiber, error) {
 	p := z.p
 	fs := req.Fence.String()
@@ -400,63 +405,34 @@ func (z *zygote) handOver(ctx context.Context, sp *spare, req CloneRequest, pc *
 		}
 		return nil, err
 	}
-	fds := []int{int(req.Listener.Fd())}
 	if req.Leaf != "" {
-		var leafF *os.File
-		var err error
-		if z.level == IsolationNone {
-			leafF, err = cgroup.At(req.Leaf).Open()
-		} else {
-			leafF, err = os.OpenFile(filepath.Join(req.Leaf, "cgroup.procs"), os.O_WRONLY|syscall.O_CLOEXEC, 0)
-		}
-		if err != nil {
-			// Not the spare's fault: put it back.
-			z.mu.Lock()
-			delete(z.taking, sp.name)
-			if z.pending[fs] == pc {
-				delete(z.pending, fs)
+		// The pidfd keeps the pid from naming another process: checked
+		// alive first, a spare that ends meanwhile leaves its pid unused
+		// until the pid space wraps around.
+		if sp.pidfd >= 0 {
+			if err := unix.PidfdSendSignal(sp.pidfd, 0, nil, 0); err != nil && !errors.Is(err, unix.EPERM) {
+				return fail(errSpareGone)
 			}
-			z.spares = append([]*spare{sp}, z.spares...)
-			z.mu.Unlock()
-			return nil, err
 		}
-		defer leafF.Close()
-		fds = append(fds, int(leafF.Fd()))
+		if err := cgroup.At(req.Leaf).AddProc(sp.pid); err != nil {
+			if errors.Is(err, syscall.ESRCH) {
+				return fail(errSpareGone)
+			}
+			return fail(fmt.Errorf("spare into its leaf: %w", err))
+		}
 	}
 	if d, ok := ctx.Deadline(); ok {
-		_ = sp.conn.SetDeadline(d)
-	} else {
-		_ = sp.conn.SetDeadline(time.Time{})
+		_ = sp.conn.SetWriteDeadline(d)
 	}
-	_, _, err := sp.conn.WriteMsgUnix([]byte(formatTake(req.Fence, req.Payload)), unix.UnixRights(fds...), nil)
+	_, _, err := sp.conn.WriteMsgUnix([]byte(formatTake(req.Fence, req.Payload)), unix.UnixRights(int(req.Listener.Fd())), nil)
 	runtime.KeepAlive(req.Listener)
 	if err != nil {
 		if ctx.Err() != nil {
 			return fail(ctx.Err())
 		}
-		return fail(errSpareGone)
+		return fail(errSpareGone) // its end is closed: it died
 	}
-	buf := make([]byte, 512)
-	n, err := sp.conn.Read(buf)
-	switch {
-	case err != nil && ctx.Err() != nil:
-		// It may have become the fiber meanwhile: end it, and what of it
-		// is in the leaf.
-		if req.Leaf != "" {
-			kctx, cancel := core.WithTimeout(context.Background(), p.cfg.Clock, p.cfg.KillTimeout)
-			_ = cgroup.At(req.Leaf).Kill(kctx)
-			cancel()
-		} else {
-			_ = syscall.Kill(-sp.pid, syscall.SIGKILL) // its session, should it have started anything
-		}
-		return fail(ctx.Err())
-	case err != nil || n == 0:
-		return fail(errSpareGone)
-	}
-	if err := parseTaken(buf[:n], fs); err != nil {
-		return fail(err)
-	}
-	_ = sp.conn.Close()
+	_ = sp.conn.Close() // it reads TAKE, then end-of-file: nothing more is said
 
 	f := newFiber(req.Fence, sp.pid, req.Leaf)
 	f.pidfd = sp.pidfd

@@ -81,10 +81,8 @@ while True:
             if not msg:
                 os._exit(0)
             take = msg.decode().split(" ")
-            fence, payload = become(take[1], take[2], fds)
-            theirs.send(("TAKEN %s" % fence).encode())
             theirs.close()
-            serve(fence, payload)
+            serve(*become(take[1], take[2], fds))
         theirs.close()
         kids[pid] = name
         socket.send_fds(ctl, [("SPARED %s %d" % (name, pid)).encode()], [mine.fileno()])

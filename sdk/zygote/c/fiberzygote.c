@@ -480,8 +480,10 @@ static int fz_send_fds(int sock, const char *msg, const int *fds, int nfds)
 
 /* fz_spare_wait runs in a spare, set up but for its identity: it blocks on
  * its hand-over socket until fiberd takes it (TAKE <fence> <payload-hex|->
- * with [listener] or [listener, leaf]), finishes the set-up, answers TAKEN
- * and becomes the fiber. It exits 0 when fiberd closes the socket first. */
+ * with [listener], fiberd having put it in its leaf already; a leaf sent
+ * too is entered), finishes the set-up and becomes the fiber. Nothing is
+ * answered: a spare that cannot become the fiber says why on stderr and
+ * exits 127. It exits 0 when fiberd closes the socket first. */
 static void fz_spare_wait(struct fz_state *st, int hs, fz_fiber_fn on_fiber, void *arg)
 {
 	static char msg[FZ_MSG_MAX + 1];
@@ -511,7 +513,7 @@ static void fz_spare_wait(struct fz_state *st, int hs, fz_fiber_fn on_fiber, voi
 		}
 	}
 	msg[n] = 0;
-	char reply[FZ_FENCE_MAX + 512];
+	close(hs); /* nothing more comes, and nothing is answered */
 	char *fence = NULL, *hex = NULL, *extra = NULL;
 	if (strncmp(msg, "TAKE ", 5) == 0 && !memchr(msg, 0, (size_t)n) && !(mh.msg_flags & MSG_TRUNC)) {
 		fence = strtok(msg + 5, " ");
@@ -519,36 +521,20 @@ static void fz_spare_wait(struct fz_state *st, int hs, fz_fiber_fn on_fiber, voi
 		extra = strtok(NULL, " ");
 	}
 	if (!fence || !hex || extra || strlen(fence) > FZ_FENCE_MAX || nfds < 1 || nfds > 2) {
-		snprintf(reply, sizeof(reply), "ERROR %s malformed TAKE: want TAKE <fence> <payload-hex|-> with [listener] or [listener, leaf]",
-			 fence && strlen(fence) <= FZ_FENCE_MAX ? fence : "-");
-		fz_send_fds(hs, reply, NULL, 0);
+		fz_log("spare: malformed TAKE (want TAKE <fence> <payload-hex|-> with [listener]): %.64s%s; exiting", msg + 5, "");
 		_exit(127);
 	}
 	unsigned char *payload = NULL;
 	size_t plen = 0;
 	if (fz_unhex(hex, &payload, &plen) < 0) {
-		snprintf(reply, sizeof(reply), "ERROR %s payload is not hex", fence);
-		fz_send_fds(hs, reply, NULL, 0);
+		fz_log("spare for %s: payload is not hex%s; exiting", fence, "");
 		_exit(127);
-	}
-	/* The hand-over socket must not take descriptor 3. */
-	if (hs == FZ_LISTEN_FD) {
-		int h2 = fcntl(hs, F_DUPFD_CLOEXEC, FZ_LISTEN_FD + 1);
-		if (h2 < 0)
-			_exit(127);
-		close(hs);
-		hs = h2;
 	}
 	int e = fz_child_finish(st, fds[0], nfds > 1 ? fds[1] : -1, fence, hex);
 	if (e) {
-		snprintf(reply, sizeof(reply), "ERROR %s fiber set-up failed (cgroup entry, descriptor 3): %s", fence, strerror(e));
-		fz_send_fds(hs, reply, NULL, 0);
+		fz_log("spare for %s: fiber set-up failed (cgroup entry, descriptor 3): %s; exiting", fence, strerror(e));
 		_exit(127);
 	}
-	snprintf(reply, sizeof(reply), "TAKEN %s", fence);
-	if (fz_send_fds(hs, reply, NULL, 0) < 0)
-		_exit(127); /* fiberd gave up on it */
-	close(hs);
 	struct fz_fiber f = {.fence = fence, .payload = payload, .payload_len = plen, .listen_fd = FZ_LISTEN_FD};
 	exit(on_fiber(&f, arg) & 0xff);
 }

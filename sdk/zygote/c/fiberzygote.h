@@ -40,11 +40,11 @@
  * a child that does the set-up above that needs no identity (parent-death
  * signal, session, isolation), closes the control socket and blocks on one
  * end of a new SOCK_SEQPACKET pair; the zygote sends fiberd the other end
- * with "SPARED <name> <pid>" (and a pidfd). fiberd then sends the spare
- * "TAKE <fence> <payload-hex|->" with [listener] or [listener, leaf] on
- * that socket; the spare enters the leaf, moves the listener to descriptor
- * 3, sets the environment as above, answers "TAKEN <fence>" and calls
- * on_fiber exactly as a cloned child does. A spare whose socket fiberd
+ * with "SPARED <name> <pid>" (and a pidfd). fiberd then puts the spare in
+ * its fiber's leaf and sends it "TAKE <fence> <payload-hex|->" with
+ * [listener] on that socket; the spare moves the listener to descriptor 3,
+ * sets the environment as above and calls on_fiber exactly as a cloned
+ * child does (nothing is answered). A spare whose socket fiberd
  * closes exits 0. The zygote reaps spares like fibers and reports them
  * with "EXITED <name> ...", also after they became fibers. See
  * docs/templates.md.

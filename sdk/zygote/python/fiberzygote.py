@@ -41,10 +41,10 @@ Spares: serve says "READY spares". On "SPARE <name>" it forks a spare, a
 child that does the set-up above that needs no identity (parent-death
 signal, session, isolation), closes the control socket and blocks on one end
 of a new SOCK_SEQPACKET pair, whose other end goes to fiberd with "SPARED
-<name> <pid>" (and a pidfd). fiberd then sends "TAKE <fence> <payload-hex|->"
-with [listener] or [listener, leaf] on it; the spare enters the leaf, moves
-the listener to descriptor 3, sets the environment as above, answers "TAKEN
-<fence>" and calls on_fiber exactly as a cloned child does. A spare whose
+<name> <pid>" (and a pidfd). fiberd then puts the spare in its fiber's leaf
+and sends "TAKE <fence> <payload-hex|->" with [listener] on it; the spare
+moves the listener to descriptor 3, sets the environment as above and calls
+on_fiber exactly as a cloned child does (nothing is answered). A spare whose
 socket fiberd closes exits 0. The zygote reaps spares like fibers and reports
 them with "EXITED <name> ...", also after they became fibers. See
 docs/templates.md.
@@ -490,8 +490,10 @@ class _Zygote:
 
     def _wait_take(self, hs):
         """In a spare: wait for TAKE <fence> <payload-hex|-> with [listener]
-        or [listener, leaf], finish the set-up, answer TAKEN <fence> and
-        become the fiber. Exits 0 when fiberd closes the socket first."""
+        (fiberd has put the spare in its leaf; a leaf sent too is entered),
+        finish the set-up and become the fiber. Nothing is answered: a spare
+        that cannot become the fiber says why on stderr and exits 127. Exits
+        0 when fiberd closes the socket first."""
         try:
             while True:
                 try:
@@ -501,6 +503,7 @@ class _Zygote:
                     continue
         except OSError:
             os._exit(0)
+        hs.close()  # nothing more comes, and nothing is answered
         if not msg:
             os._exit(0)  # not wanted any more
         parts = msg.decode(errors="replace").split(" ")
@@ -511,11 +514,10 @@ class _Zygote:
             hexpayload = parts[2]
             payload = b"" if hexpayload == "-" else bytes.fromhex(hexpayload)
             self._finish(fence, hexpayload, fds)
-            hs.send(("TAKEN %s" % fence).encode())
-            hs.close()
         except (OSError, ValueError) as e:
             try:
-                hs.send(("ERROR %s fiber set-up failed (cgroup entry, descriptor 3): %s" % (fence, e)).encode())
+                sys.stderr.write("fiberzygote: spare for %s: fiber set-up failed: %s; exiting\n" % (fence, e))
+                sys.stderr.flush()
             finally:
                 os._exit(127)
         self._run(fence, payload)
