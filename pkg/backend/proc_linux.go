@@ -100,6 +100,7 @@ type zygote struct {
 	spareWake        chan struct{}     // wakes spareLoop; buffered 1
 	lastTake         time.Time         // when a Clone last took a spare
 	settling         atomic.Bool       // a wake of spareLoop is scheduled after spareSettle
+	spareArrived     chan struct{}     // closed (and replaced) when a SPARE was answered, or the zygote ended
 }
 
 type pendingClone struct {
@@ -221,7 +222,7 @@ func (p *Proc) newZygote(uid string, spec template.Spec, level Isolation) *zygot
 		ready: make(chan struct{}), readerDone: make(chan struct{}), dead: make(chan struct{}),
 		pending: map[string]*pendingClone{}, fibers: map[string]*fiber{},
 		forking: map[string]bool{}, taking: map[string]*spare{}, dropping: map[string]*spare{}, takenBy: map[string]string{},
-		spareWake: make(chan struct{}, 1),
+		spareWake: make(chan struct{}, 1), spareArrived: make(chan struct{}),
 	}
 }
 
@@ -672,6 +673,7 @@ func (z *zygote) wait() {
 	z.pending, z.fibers = map[string]*pendingClone{}, map[string]*fiber{}
 	spares := z.sparesOfDeadZygoteLocked()
 	z.takenBy = map[string]string{}
+	z.spareAnsweredLocked()
 	z.mu.Unlock()
 
 	for _, pc := range pending {
@@ -752,7 +754,29 @@ func (p *Proc) Clone(ctx context.Context, req CloneRequest) (Fiber, error) {
 	pc := &pendingClone{fence: req.Fence, leaf: req.Leaf, ch: make(chan cloneResult, 1)}
 	z.pending[fs] = pc
 	sp := z.popSpareLocked()
+	var arriving chan struct{}
+	if sp == nil && len(z.forking) > 0 {
+		// A spare is being forked, and a CLONE would wait behind it in
+		// the zygote's queue: wait for it instead, then take it (or, if
+		// another Clone did, fork).
+		arriving = z.spareArrived
+	}
 	z.mu.Unlock()
+	if arriving != nil {
+		select {
+		case <-arriving:
+		case <-ctx.Done():
+		}
+		z.mu.Lock()
+		switch {
+		case z.pending[fs] != pc: // the zygote ended
+			z.mu.Unlock()
+			return Fiber{}, fmt.Errorf("fiber %s: grant not warm: %w", fs, ErrCold)
+		case ctx.Err() == nil:
+			sp = z.popSpareLocked()
+		}
+		z.mu.Unlock()
+	}
 	if sp != nil {
 		f, err := z.handOver(ctx, sp, req, pc)
 		z.kick() // a replacement, off this Clone's path

@@ -164,6 +164,13 @@ func (z *zygote) spareWantLocked() int {
 	return max0(min(z.spareW, z.spareMax-len(z.fibers)-len(z.pending)))
 }
 
+// spareAnsweredLocked wakes the Clones waiting for a spare being forked
+// (see Clone): it arrived, failed, or the zygote ended. z.mu is held.
+func (z *zygote) spareAnsweredLocked() {
+	close(z.spareArrived)
+	z.spareArrived = make(chan struct{})
+}
+
 // kick wakes the zygote's spare loop.
 func (z *zygote) kick() {
 	select {
@@ -233,6 +240,9 @@ func (z *zygote) spared(m message, fds []int) {
 	z.mu.Lock()
 	asked := z.forking[m.fence]
 	delete(z.forking, m.fence)
+	if !asked || len(fds) < 1 || len(fds) > 2 {
+		z.spareAnsweredLocked()
+	}
 	z.mu.Unlock()
 	if !asked || len(fds) < 1 || len(fds) > 2 {
 		closeAll(fds)
@@ -269,6 +279,7 @@ func (z *zygote) spared(m message, fds []int) {
 		return
 	}
 	z.spares = append(z.spares, sp)
+	z.spareAnsweredLocked()
 	z.mu.Unlock()
 	z.kick() // more may be wanted, or fewer by now
 }
@@ -296,6 +307,7 @@ func (z *zygote) spareFailed() {
 	z.mu.Lock()
 	z.spareFails++
 	gaveUp := z.spareFails == maxSpareFailures
+	z.spareAnsweredLocked()
 	z.mu.Unlock()
 	if gaveUp {
 		z.p.log.Info("Spares keep failing; this zygote gets none until one is taken or the grant's spares are set again (Clones fork meanwhile)",

@@ -2,9 +2,11 @@ package backend
 
 import (
 	"encoding/hex"
+	"fmt"
 	"path/filepath"
 	"slices"
 	"strconv"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -295,5 +297,50 @@ func TestDocSpares(t *testing.T) {
 	}
 	if e := nextExit(t, p); e.Fence != fence(uid, 2) || !e.Reason.Killed {
 		t.Fatalf("exit = %+v", e)
+	}
+}
+
+// TestSparesRunOut checks that Clones coming faster than spares are forked
+// all get a fiber of their own, whether a spare (waited for or ready) or a
+// fork, and that the spares are back afterwards.
+func TestSparesRunOut(t *testing.T) {
+	for _, k := range spareKinds {
+		t.Run(k.name, func(t *testing.T) {
+			p := newProc(t)
+			uid := uidFor(t)
+			warm(t, p, uid, k.spec(t), "")
+			p.SetSpares(uid, 2, 64)
+			readySpares(t, p, uid, 2)
+			ctx := ctxT(t)
+			const n = 16
+			var wg sync.WaitGroup
+			errs := make(chan error, n)
+			for i := 1; i <= n; i++ {
+				ep := listen(t, i%2 == 0)
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					f, err := p.Clone(ctx, CloneRequest{Fence: fence(uid, uint64(i)), Listener: ep.file, Payload: []byte{byte(i)}})
+					if err != nil {
+						errs <- err
+						return
+					}
+					body, err := get(ep, "/")
+					m := fields(body)
+					if err != nil || m["fence"] != f.Fence.String() || m["pid"] != strconv.Itoa(f.PID) || m["payload"] != hex.EncodeToString([]byte{byte(i)}) {
+						errs <- fmt.Errorf("fiber %d answers %q, %v", i, body, err)
+					}
+				}()
+			}
+			wg.Wait()
+			close(errs)
+			for err := range errs {
+				t.Error(err)
+			}
+			readySpares(t, p, uid, 2)
+			if st := p.Spares(uid); st.Taken < 2 {
+				t.Fatalf("Spares = %+v, want at least the 2 ready ones taken", st)
+			}
+		})
 	}
 }
