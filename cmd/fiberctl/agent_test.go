@@ -90,7 +90,7 @@ func testStatus() api.Status {
 				{FiberID: "g1/2/6", Endpoint: "tcp://127.0.0.1:20006", Isolation: "none"},
 			},
 			Parked: 1, ParkedBytes: 16 << 20,
-			Spares: &api.SpareStatus{Warm: 8, HandOver: true, Wanted: 8, Ready: 7, Taken: 12, Bytes: 3 << 20},
+			Spares:         &api.SpareStatus{Warm: 8, HandOver: true, Wanted: 8, Ready: 7, Taken: 12, Bytes: 3 << 20},
 			ParkedSessions: []api.ParkedSession{{Session: "s0", FiberID: "g1/2/4", ImageBytes: 16 << 20, OwnBytes: 1 << 20, ParkedAt: testNow.Add(-time.Minute), By: "api"}},
 		}},
 		Checkpoint: api.Checkpoint{Available: true},
