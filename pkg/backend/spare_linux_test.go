@@ -84,7 +84,9 @@ func TestSpareTakeAndReplace(t *testing.T) {
 				t.Fatal(err)
 			}
 			m := fields(body)
-			if m["fence"] != fence(uid, 1).String() || m["payload"] != hex.EncodeToString([]byte("hi")) || m["pid"] != strconv.Itoa(f.PID) {
+			// count 1: what a spare rehearsed before (the Python counter's
+			// on_spare) is not the fiber's.
+			if m["fence"] != fence(uid, 1).String() || m["payload"] != hex.EncodeToString([]byte("hi")) || m["pid"] != strconv.Itoa(f.PID) || m["count"] != "1" {
 				t.Fatalf("the taken spare serves %q", body)
 			}
 			if filepath.Base(m["cgroup"]) != filepath.Base(leaf) {

@@ -222,9 +222,10 @@ def _control_socket(fd):
 
 
 class _Zygote:
-    def __init__(self, ctl, on_fiber, prctl):
+    def __init__(self, ctl, on_fiber, prctl, on_spare=None):
         self.ctl = ctl
         self.on_fiber = on_fiber
+        self.on_spare = on_spare
         self.prctl = prctl
         self.kids = {}  # pid -> fence
         self.iso = None
@@ -458,6 +459,12 @@ class _Zygote:
                     os.write(wsync, b"\1" + str(e).encode()[:400])
                 finally:
                     os._exit(127)
+            if self.on_spare is not None:
+                try:
+                    self.on_spare()
+                except BaseException:
+                    traceback.print_exc()
+                    os._exit(127)
             self._wait_take(theirs)
         theirs.close()
         os.close(wsync)
@@ -561,18 +568,24 @@ def _enter_leaf(fd):
         os.write(fd, b"0")
 
 
-def serve(on_fiber, control_fd=CONTROL_FD):
+def serve(on_fiber, control_fd=CONTROL_FD, on_spare=None):
     """Run the zygote loop on control_fd until fiberd closes it.
 
     In every forked child on_fiber(fiber) runs and the child then exits; it
-    never returns to the caller there. Raises NotAZygote, before saying
+    never returns to the caller there. on_spare, when given, is called with
+    no argument in every spare once it is set up, before it waits to be
+    taken: a template rehearses there what its fibers do first, without
+    effects outside the process (a request answered over a socketpair, say),
+    so the pages that touches are copied before a Clone rather than on its
+    path. It must return; a spare whose on_spare raises prints the exception
+    and exits 127 (fiberd forks another, and gives up after five in a row). Raises NotAZygote, before saying
     READY, when control_fd is not fiberd's control socket. Must be called
     from the main thread (it handles SIGCHLD)."""
     ctl = _control_socket(control_fd)
     os.set_inheritable(control_fd, False)
     prctl = _prctl()
     _become_subreaper(prctl)
-    z = _Zygote(ctl, on_fiber, prctl)
+    z = _Zygote(ctl, on_fiber, prctl, on_spare)
     rwake, wwake = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
     old_handler = signal.signal(signal.SIGCHLD, lambda signum, frame: None)
     old_wakeup = signal.set_wakeup_fd(wwake)
