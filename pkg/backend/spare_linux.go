@@ -50,8 +50,9 @@ import (
 const spareSettle = 10 * time.Millisecond
 
 // maxForking is how many SPAREs a zygote is asked at once; SPARED asks for
-// the next.
-const maxForking = 1
+// the next. Two keep the zygote forking while fiberd takes in the last
+// spare, and a Clone that finds none waits behind at most two forks.
+const maxForking = 2
 
 // maxSpareFailures is how many spares in a row may fail to start, or die
 // untaken, before a zygote gets no more.
@@ -201,7 +202,7 @@ func (z *zygote) spareLoop() {
 			}
 		}
 		var ask []string
-		// One SPARE at a time: a Clone that finds no spare forks, and its
+		// Few SPAREs at a time: a Clone that finds no spare forks, and its
 		// CLONE waits behind the SPAREs the zygote has queued.
 		for have := len(z.spares) + len(z.forking); have < want && len(z.forking) < maxForking; have++ {
 			z.nextSpare++
