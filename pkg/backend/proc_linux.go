@@ -772,9 +772,12 @@ func (p *Proc) Clone(ctx context.Context, req CloneRequest) (Fiber, error) {
 		case z.pending[fs] != pc: // the zygote ended
 			z.mu.Unlock()
 			return Fiber{}, fmt.Errorf("fiber %s: grant not warm: %w", fs, ErrCold)
-		case ctx.Err() == nil:
-			sp = z.popSpareLocked()
+		case ctx.Err() != nil:
+			delete(z.pending, fs)
+			z.mu.Unlock()
+			return Fiber{}, fmt.Errorf("fiber %s: clone: waiting for a spare: %w", fs, ctx.Err())
 		}
+		sp = z.popSpareLocked()
 		z.mu.Unlock()
 	}
 	if sp != nil {
