@@ -346,3 +346,34 @@ func TestSparesRunOut(t *testing.T) {
 		})
 	}
 }
+
+// TestSparesGiveUp checks that spares that keep dying (here: their
+// rehearsal raises) are replaced only maxSpareFailures times in a row, that
+// the grant then reports Failed and Clones fork, and that SetSpares tries
+// again.
+func TestSparesGiveUp(t *testing.T) {
+	py := python(t)
+	p := newProc(t)
+	uid := uidFor(t)
+	spec := template.Spec{Command: py, Args: []string{"-u", abs(t, "testdata/failingspare.py")},
+		Env: map[string]string{"PYTHONPATH": abs(t, "../../sdk/zygote/python")}, Zygote: true}
+	warm(t, p, uid, spec, "")
+	p.SetSpares(uid, 2, 8)
+	eventually(t, "spares given up", func() bool { st := p.Spares(uid); return st.Failed && st.Want == 0 && st.Ready == 0 })
+	if st := p.Spares(uid); !st.Supported || st.Taken != 0 {
+		t.Fatalf("Spares = %+v", st)
+	}
+	ep := listen(t, true)
+	f, err := p.Clone(ctxT(t), CloneRequest{Fence: fence(uid, 1), Listener: ep.file})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if body, err := get(ep, "/"); err != nil || fields(body)["fence"] != f.Fence.String() {
+		t.Fatalf("forked fiber answers %q, %v", body, err)
+	}
+	p.SetSpares(uid, 2, 8)
+	if st := p.Spares(uid); st.Failed {
+		t.Fatalf("Spares after SetSpares = %+v, want the failures forgotten", st)
+	}
+	eventually(t, "spares given up again", func() bool { return p.Spares(uid).Failed })
+}
