@@ -153,10 +153,16 @@ func prepareTemplates(work string, o options) (*kit, error) {
 
 // mint signs a grant of template name for audience aud by issuer iss.
 func (k *kit) mint(uid, iss, aud, name string, lease time.Duration) ([]byte, error) {
+	return k.mintWarm(uid, iss, aud, name, lease, 0)
+}
+
+// mintWarm is mint with fibers.warm = warm: the grant keeps that many
+// spare fibers.
+func (k *kit) mintWarm(uid, iss, aud, name string, lease time.Duration, warm int) ([]byte, error) {
 	now := time.Now().Truncate(time.Second)
 	return k.signer.Mint(core.Grant{
 		UID: uid, Issuer: iss, Audience: aud, Template: k.ref(name),
-		Fibers: core.Fibers{Max: benchMax}, IssuedAt: now, Expiry: now.Add(lease),
+		Fibers: core.Fibers{Max: benchMax, Warm: warm}, IssuedAt: now, Expiry: now.Add(lease),
 	})
 }
 
@@ -203,24 +209,39 @@ func newAgent(ctx context.Context, dir string, h fiberd.Config, iso backend.Isol
 // named in names (nil: every one), its backends asked for isolation iso,
 // and waits until every zygote is warm.
 func startAgent(ctx context.Context, dir string, k *kit, o options, iso backend.Isolation, names []string, log logr.Logger) (*agentRig, error) {
+	var gs []benchGrant
+	for name := range k.specs {
+		if names == nil || slices.Contains(names, name) {
+			gs = append(gs, benchGrant{key: name, template: name})
+		}
+	}
+	return startAgentWith(ctx, dir, k, o, iso, gs, log)
+}
+
+// benchGrant is one grant an agent of the run is given: of template, with
+// fibers.warm warm, known in agentRig.uids as key.
+type benchGrant struct {
+	key, template string
+	warm          int
+}
+
+// startAgentWith is startAgent on the grants gs.
+func startAgentWith(ctx context.Context, dir string, k *kit, o options, iso backend.Isolation, gs []benchGrant, log logr.Logger) (*agentRig, error) {
 	grants := filepath.Join(dir, "grants")
 	if err := os.MkdirAll(grants, 0o700); err != nil {
 		return nil, err
 	}
 	r := &agentRig{uids: map[string]string{}, done: make(chan error, 1)}
-	for name := range k.specs {
-		if names != nil && !slices.Contains(names, name) {
-			continue
-		}
-		uid := "bench-" + name
-		tok, err := k.mint(uid, benchIssuer, benchNode, name, 24*time.Hour)
+	for _, g := range gs {
+		uid := "bench-" + g.key
+		tok, err := k.mintWarm(uid, benchIssuer, benchNode, g.template, 24*time.Hour, g.warm)
 		if err != nil {
 			return nil, err
 		}
-		if err := core.WriteFileAtomic(filepath.Join(grants, name+".jwt"), tok, 0o600); err != nil {
+		if err := core.WriteFileAtomic(filepath.Join(grants, g.key+".jwt"), tok, 0o600); err != nil {
 			return nil, err
 		}
-		r.uids[name] = uid
+		r.uids[g.key] = uid
 	}
 	h, err := standalone.New(standalone.Config{GrantsDir: grants, NoCgroups: true, Logger: log.WithName("home")})
 	if err != nil {
@@ -243,9 +264,9 @@ func startAgent(ctx context.Context, dir string, k *kit, o options, iso backend.
 		return nil, err
 	}
 	want := map[string]bool{}
-	for name, uid := range r.uids {
-		if s, _ := template.Parse(k.specs[name]); s.Zygote {
-			want[uid] = true
+	for _, g := range gs {
+		if s, _ := template.Parse(k.specs[g.template]); s.Zygote {
+			want[r.uids[g.key]] = true
 		}
 	}
 	if err := waitWarm(ctx, r.client, want, 2*time.Minute); err != nil {
@@ -365,9 +386,20 @@ func (r *agentRig) latency(ctx context.Context, uid string, n int, tick func()) 
 
 // burst runs rounds bursts of size concurrent clones.
 func (r *agentRig) burst(ctx context.Context, uid, mode string, size, rounds int, tick func()) (BurstRow, error) {
+	return r.burstAfter(ctx, uid, mode, size, rounds, tick, nil)
+}
+
+// burstAfter is burst calling before, when not nil, ahead of each round,
+// outside the timer.
+func (r *agentRig) burstAfter(ctx context.Context, uid, mode string, size, rounds int, tick func(), before func(context.Context) error) (BurstRow, error) {
 	row := BurstRow{Mode: mode, Measured: true, Size: size, Rounds: rounds}
 	var all, per []float64
 	for range rounds {
+		if before != nil {
+			if err := before(ctx); err != nil {
+				return row, err
+			}
+		}
 		var (
 			wg    sync.WaitGroup
 			mu    sync.Mutex

@@ -2,6 +2,7 @@ package main
 
 import (
 	"math"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -156,18 +157,22 @@ func sampleResult() Result {
 		APIServer: APIServerResult{Note: "kube-apiserver not run"},
 		KubeHome:  KubeHomeResult{Note: "kube-apiserver not run"},
 		Machine:   Machine{NProc: 2, MemTotalMiB: 1024, Kernel: "6.1"},
+		Spares:    []SpareRow{{Template: "counter Python", Warm: 50, Ready: 50, MiB: 40, PerSpareMiB: 0.8}},
 	}
 }
 
 func TestMarkdown(t *testing.T) {
 	r := sampleResult()
-	if r.Latency[1].RatioP50 != 4 {
-		t.Fatalf("warm Python p50 ratio = %v, want 4", r.Latency[1].RatioP50)
+	py := r.Latency[slices.IndexFunc(r.Latency, func(l LatencyRow) bool { return l.Mode == modeWarmPy })]
+	if py.RatioP50 != 4 {
+		t.Fatalf("warm Python p50 ratio = %v, want 4", py.RatioP50)
 	}
 	md := Markdown(r, "bench")
 	for _, want := range []string{
 		"| fiberd warm C | Clone", // rows exist in order
 		"| fiberd warm Python |",
+		"| fiberd warm C, W=8 spares |  | not measured |",
+		"| counter Python | 50 | 50 | 40.0 | 0.80 |  |",
 		"| 4 | 2.00 | 4.00 | 4.00 | 1.00x / 1.00x / 1.00x |",
 		"| fiberd exec C (cold) |  | not measured |",
 		"| Pod per worker (API server only) |  | not measured |",

@@ -27,6 +27,12 @@
 //     them, or with -skip-node, it says "not measured" and why;
 //   - a burst of 50 concurrent clones, and a closed loop at 1, 2, 4 and 16
 //     callers (clone, first byte, release) in clones per second;
+//   - spare fibers (a grant's fibers.warm): the warm C and Python
+//     templates again, on a second agent whose grants keep 8 spares (clone
+//     to first byte, closed loop) or 50 (burst), each phase and burst round
+//     started once every spare is ready, each row noting how many of its
+//     Clones a spare served; and the memory the waiting spares hold (their
+//     summed Private_Dirty, from the agent's status);
 //   - density: the summed Pss of /proc/<pid>/smaps_rollup of N fibers and
 //     their zygote against N independent processes (cold exec) of the same
 //     template;

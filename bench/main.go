@@ -265,6 +265,10 @@ func measure(ctx context.Context, o options, p *progress, log logr.Logger, kube 
 	if err := measureIsolated(ctx, work, tpl, o, p, log, latency); err != nil {
 		return err
 	}
+	spares, err := measureSpares(ctx, work, tpl, o, p, log, latency, res)
+	if err != nil {
+		return fmt.Errorf("spares: %w", err)
+	}
 
 	podRow := LatencyRow{Mode: modePod, What: "create Pod, write status (Running, podIP), GET until seen", Note: "kube-apiserver not run"}
 	latency[modePodNode] = LatencyRow{Mode: modePodNode, What: "create Pod, wait until its Pod IP answers the first HTTP byte", Note: "kube-apiserver not run"}
@@ -302,6 +306,7 @@ func measure(ctx context.Context, o options, p *progress, log logr.Logger, kube 
 		}
 		res.Burst = append(res.Burst, row)
 	}
+	res.Burst = append(res.Burst, spares.burst...)
 
 	for _, m := range []struct{ mode, tmpl string }{{modeWarmC, tplWarmC}, {modeWarmPy, tplWarmPy}, {modeExecC, tplColdC}} {
 		for _, c := range res.Settings.Concurrency {
@@ -318,6 +323,7 @@ func measure(ctx context.Context, o options, p *progress, log logr.Logger, kube 
 			res.Loop = append(res.Loop, row)
 		}
 	}
+	res.Loop = append(res.Loop, spares.loop...)
 
 	for _, d := range []struct{ name, warm, cold string }{
 		{fmt.Sprintf("counter C (--hold-mib %d --dirty-mib %d)", o.holdMiB, o.dirtyMiB), tplDenseC, tplDenseColdC},
@@ -433,7 +439,7 @@ func measureIsolated(ctx context.Context, work string, k *kit, o options, p *pro
 func latencyRows(m map[string]LatencyRow) []LatencyRow {
 	base := m[modeWarmC]
 	var out []LatencyRow
-	for _, mode := range []string{modeWarmC, modeWarmPy, modeWarmCIso, modeWarmPyIso, modeExecC, modePod, modePodNode} {
+	for _, mode := range []string{modeWarmC, modeSpareC, modeWarmPy, modeSparePy, modeWarmCIso, modeWarmPyIso, modeExecC, modePod, modePodNode} {
 		r := m[mode]
 		r.Mode = mode
 		if r.Measured && base.Measured {

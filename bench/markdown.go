@@ -120,6 +120,15 @@ func Markdown(r Result, plotDir string) string {
 	}
 	table(&b, []string{"template", "N", "N fibers + zygote, MiB", "N processes (cold exec), MiB", "cold / warm", "note"}, rows)
 
+	if len(r.Spares) > 0 {
+		b.WriteString("#### Memory the spare fibers hold (fibers.warm, their own pages: summed `Private_Dirty`)\n\n")
+		rows = nil
+		for _, x := range r.Spares {
+			rows = append(rows, []string{x.Template, fmt.Sprint(x.Warm), fmt.Sprint(x.Ready), num(x.MiB), num(x.PerSpareMiB), x.Note})
+		}
+		table(&b, []string{"template", "fibers.warm", "spares ready", "MiB", "MiB / spare", "note"}, rows)
+	}
+
 	parkMarkdown(&b, r.Park)
 
 	b.WriteString("#### API server load (`apiserver_request_total` on the real API server)\n\n")

@@ -21,6 +21,7 @@ type Result struct {
 	Loop      []LoopRow       `json:"loop"`
 	Density   []DensityRow    `json:"density"`
 	Park      []ParkRow       `json:"park"`
+	Spares    []SpareRow      `json:"spares,omitempty"`
 	APIServer APIServerResult `json:"apiServer"`
 	KubeHome  KubeHomeResult  `json:"kubeHome"`
 	Node      NodeResult      `json:"node"`
@@ -249,3 +250,14 @@ type NodeMemory struct {
 
 // TotalKiB is what one worker costs the node.
 func (m NodeMemory) TotalKiB() float64 { return m.WorkerKiB + m.PodKiB + m.NodeKiB }
+
+// SpareRow is the memory the spare fibers of one grant hold while they
+// wait: the sum of their Private_Dirty (what the status reports).
+type SpareRow struct {
+	Template    string  `json:"template"`
+	Warm        int     `json:"warm"`
+	Ready       int     `json:"ready"`
+	MiB         float64 `json:"mib"`
+	PerSpareMiB float64 `json:"perSpareMiB"`
+	Note        string  `json:"note,omitempty"`
+}

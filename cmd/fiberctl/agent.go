@@ -374,7 +374,7 @@ func printStatus(w io.Writer, s api.Status, e env) {
 		return
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "GRANT\tTEMPLATE\tTIER\tISOLATION\tWARM\tRUNNING\tLEASE LEFT\tLATEST FENCE")
+	fmt.Fprintln(tw, "GRANT\tTEMPLATE\tTIER\tISOLATION\tWARM\tRUNNING\tSPARES\tLEASE LEFT\tLATEST FENCE")
 	for _, gs := range s.Grants {
 		latest := "-"
 		if gs.LatestFence != nil {
@@ -385,10 +385,16 @@ func printStatus(w io.Writer, s api.Status, e env) {
 		if gs.Isolation != "" {
 			iso = field(gs.Isolation)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%v\t%d/%d\t%s\t%s\n", field(gs.UID), field(name), field(string(gs.Tier)), iso, gs.Warm, gs.Running, gs.Max,
-			gs.LeaseExpiry.Sub(e.clock.Now()).Round(time.Second), latest)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%v\t%d/%d\t%s\t%s\t%s\n", field(gs.UID), field(name), field(string(gs.Tier)), iso, gs.Warm, gs.Running, gs.Max,
+			sparesColumn(gs.Spares), gs.LeaseExpiry.Sub(e.clock.Now()).Round(time.Second), latest)
 	}
 	tw.Flush()
+	for _, gs := range s.Grants {
+		if sp := gs.Spares; sp != nil && sp.HandOver {
+			fmt.Fprintf(w, "spares of %s: %d ready of %d wanted (fibers.warm %d), %d Clones handed over, holding %s\n",
+				field(gs.UID), sp.Ready, sp.Wanted, sp.Warm, sp.Taken, mibString(sp.Bytes))
+		}
+	}
 	if s.Redacted {
 		fmt.Fprintln(w, "fibers: not shown (this address does not authenticate callers; use the unix socket or TLS)")
 		parked := 0
@@ -499,4 +505,19 @@ func readInput(path string, stdin io.Reader, limit int64) ([]byte, error) {
 		return nil, fmt.Errorf("over %d bytes", limit)
 	}
 	return b, nil
+}
+
+// sparesColumn is a grant's SPARES column: "-" when it asks for none,
+// "ready/wanted", "fork" when its template does not hand spares over, and
+// "failed" when they kept failing.
+func sparesColumn(sp *api.SpareStatus) string {
+	switch {
+	case sp == nil:
+		return "-"
+	case !sp.HandOver:
+		return "fork"
+	case sp.Failed:
+		return "failed"
+	}
+	return strconv.Itoa(sp.Ready) + "/" + strconv.Itoa(sp.Wanted)
 }

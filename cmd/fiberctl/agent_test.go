@@ -90,6 +90,7 @@ func testStatus() api.Status {
 				{FiberID: "g1/2/6", Endpoint: "tcp://127.0.0.1:20006", Isolation: "none"},
 			},
 			Parked: 1, ParkedBytes: 16 << 20,
+			Spares:         &api.SpareStatus{Warm: 8, HandOver: true, Wanted: 8, Ready: 7, Taken: 12, Bytes: 3 << 20},
 			ParkedSessions: []api.ParkedSession{{Session: "s0", FiberID: "g1/2/4", ImageBytes: 16 << 20, OwnBytes: 1 << 20, ParkedAt: testNow.Add(-time.Minute), By: "api"}},
 		}},
 		Checkpoint: api.Checkpoint{Available: true},
@@ -221,7 +222,8 @@ func TestStatus(t *testing.T) {
 		"GRANT", "g1", "counter-c", "WARM", "1/64", "1h0m0s", "g1/2/5", "session s1",
 		"checkpoint: available", "parked:\n  g1/2/4  session s0  image 16.0 MiB  by api  1m0s ago",
 		"isolation WARM grant, BASIC fiber (network none)  at least grant (less is TIER_GAP)",
-		"  less than asked: a zygote cannot give each fiber namespaces", "ISOLATION", "g1/2/6  tcp://127.0.0.1:20006  isolation none"} {
+		"  less than asked: a zygote cannot give each fiber namespaces", "ISOLATION", "g1/2/6  tcp://127.0.0.1:20006  isolation none",
+		"SPARES", "7/8", "spares of g1: 7 ready of 8 wanted (fibers.warm 8), 12 Clones handed over, holding 3.0 MiB"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("status output lacks %q:\n%s", want, out)
 		}

@@ -266,6 +266,36 @@ type GrantStatus struct {
 	ParkedBytes int64 `json:"parkedBytes,omitempty"`
 	// ParkedSessions are the grant's parked sessions, by session name.
 	ParkedSessions []ParkedSession `json:"parkedSessions,omitempty"`
+	// Spares are the grant's spare fibers (its fibers.warm); nil when the
+	// grant asks for none or is not warm.
+	Spares *SpareStatus `json:"spares,omitempty"`
+}
+
+// SpareStatus is a grant's spare fibers in a GrantStatus: fibers forked
+// ahead from its zygote and waiting, so a Clone hands one over instead of
+// forking. They are not running fibers: Running and Fibers do not count
+// them.
+type SpareStatus struct {
+	// Warm is the grant's fibers.warm, the spares it asks for.
+	Warm int `json:"warm"`
+	// HandOver is set when the grant's template hands spares over (its
+	// zygote said "READY spares"); without it every Clone forks and the
+	// grant has no spares.
+	HandOver bool `json:"handOver"`
+	// Wanted is how many spares the grant should have now: min(Warm, Max -
+	// Running), 0 without HandOver or after Failed.
+	Wanted int `json:"wanted"`
+	// Ready is how many spares are forked and waiting now.
+	Ready int `json:"ready"`
+	// Taken counts the Clones served by a spare since the zygote started.
+	Taken uint64 `json:"taken"`
+	// Bytes is the memory the waiting spares hold of their own: the sum
+	// of their Private_Dirty (pages not shared with the zygote).
+	Bytes int64 `json:"bytes"`
+	// Failed is set when spares kept failing to start or dying untaken:
+	// the grant gets no more until one is taken or the grant is renewed
+	// with another fibers.warm or max; Clones fork meanwhile.
+	Failed bool `json:"failed,omitempty"`
 }
 
 // ParkedSession is one parked session in a GrantStatus.

@@ -97,6 +97,43 @@ type Backend interface {
 	Close() error
 }
 
+// SpareStatus is what a grant's spares are, for status and metrics.
+type SpareStatus struct {
+	// Supported is set when the grant's zygote hands spares over (it said
+	// "READY spares").
+	Supported bool
+	// Want is how many spares the grant should have now: min(W, max -
+	// running), 0 when unsupported or given up (Failed).
+	Want int
+	// Ready is how many spares are forked and waiting.
+	Ready int
+	// Failed is set when spares kept failing and the zygote gets no more
+	// until one is taken or SetSpares is called.
+	Failed bool
+	// Taken counts the Clones a spare served since the zygote started.
+	Taken uint64
+}
+
+// Sparer is a Backend that keeps spare fibers per grant (the grant's
+// fibers.warm): forked ahead and waiting, so a Clone hands one its fiber
+// instead of forking. Proc implements it. Spares are no fibers: Clone
+// takes them, but Kill, Exits and the fiber counts never see them.
+type Sparer interface {
+	// SetSpares sets how many spares a warm grant keeps: min(warm, max -
+	// its running fibers). Warm starts with the grant's Fibers.Warm and
+	// Fibers.Max; the agent calls SetSpares when a renewal changes them.
+	// It returns at once; spares are forked and ended in the background.
+	SetSpares(grantUID string, warm, max int)
+	// RenewSpares ends the grant's waiting spares and forks new ones; the
+	// agent calls it on an epoch bump.
+	RenewSpares(grantUID string)
+	// Spares reports the grant's spares; zero when it is not warm.
+	Spares(grantUID string) SpareStatus
+	// SparePIDs lists the waiting spares' pids, for measuring their
+	// memory.
+	SparePIDs(grantUID string) []int
+}
+
 // MaxPayload is the largest Clone payload, 4096 bytes, the API's limit.
 const MaxPayload = 4096
 

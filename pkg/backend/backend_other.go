@@ -41,6 +41,12 @@ func (unsupported) Stop(context.Context, string) error     { return errUnsupport
 func (unsupported) Exits() <-chan Exit                     { return nil }
 func (unsupported) Close() error                           { return nil }
 
+// SetSpares, RenewSpares, Spares and SparePIDs do nothing off Linux.
+func (*Proc) SetSpares(string, int, int) {}
+func (*Proc) RenewSpares(string)         {}
+func (*Proc) Spares(string) SpareStatus  { return SpareStatus{} }
+func (*Proc) SparePIDs(string) []int     { return nil }
+
 // CheckpointSupport fails off Linux with an error wrapping
 // errors.ErrUnsupported and core.ErrTierGap.
 func (*Proc) CheckpointSupport(context.Context) error {

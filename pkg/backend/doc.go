@@ -24,10 +24,19 @@
 // SOCK_SEQPACKET socket, is descriptor 3. The protocol, one datagram per
 // message:
 //
-//	zygote -> fiberd  READY
+//	zygote -> fiberd  READY [spares]
 //	fiberd -> zygote  CLONE <fence> <payload-hex|->   + SCM_RIGHTS [listener, leaf?]
 //	zygote -> fiberd  CLONED <fence> <pid> [+ SCM_RIGHTS [pidfd]]  |  ERROR <fence> <reason>
 //	zygote -> fiberd  EXITED <fence> exit:<N>|signal:<SIGNAME>
+//	fiberd -> zygote  SPARE <spare>
+//	zygote -> fiberd  SPARED <spare> <pid> + SCM_RIGHTS [hand-over socket, pidfd?]  |  ERROR <spare> <reason>
+//	zygote -> fiberd  EXITED <spare> exit:<N>|signal:<SIGNAME>
+//	fiberd -> spare   TAKE <fence> <payload-hex|->    + SCM_RIGHTS [listener], on the hand-over socket
+//
+// Spares (a grant's fibers.warm, see Sparer and spare_linux.go) are fibers
+// forked ahead by a zygote that said "READY spares", set up but for their
+// identity and waiting on a socket of their own; a Clone that finds one
+// puts it in the leaf and sends it TAKE instead of CLONE.
 //
 // The leaf is the fiber's cgroup directory, or, for an isolated zygote
 // (whose user may not open it), its cgroup.procs already opened for

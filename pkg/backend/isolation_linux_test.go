@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -244,135 +245,152 @@ func TestIsolationSupport(t *testing.T) {
 // nothing is left.
 func TestIsolatedFibers(t *testing.T) {
 	for _, im := range isoImpls {
-		t.Run(im.name, func(t *testing.T) {
-			b := isoBackend(t, im.tier)
-			tree, mount := cgroupRoot(t)
-			uid := uidFor(t)
-			g, err := tree.Grant(uid)
-			if err != nil {
-				t.Fatal(err)
+		for _, w := range []int{0, 4} {
+			if w > 0 && im.tier != core.TierWarm {
+				continue
 			}
-			runDir := t.TempDir()
-			warmIn(t, b, uid, im.kind.spec(t), g.Dir.Path(), runDir)
-			if got := b.GrantIsolation(uid); got != IsolationFiber {
-				t.Fatalf("GrantIsolation = %q, want fiber", got)
-			}
-			self := os.Getpid()
-			var zpid int
-			if im.tier == core.TierWarm {
-				zpid = zygotePID(t, uid)
-				st := procStatus(t, zpid)
-				if st["NoNewPrivs"] != "1" || st["CapEff"] != capSysAdminOnly || st["CapAmb"] != capSysAdminOnly {
-					t.Errorf("zygote: NoNewPrivs %s CapEff %s CapAmb %s, want 1 and CAP_SYS_ADMIN alone", st["NoNewPrivs"], st["CapEff"], st["CapAmb"])
-				}
-				for _, ns := range []string{"user", "pid", "mnt", "ipc", "uts"} {
-					if nsOf(t, zpid, ns) == nsOf(t, self, ns) {
-						t.Errorf("zygote shares fiberd's %s namespace", ns)
-					}
-				}
-				if nsOf(t, zpid, "net") != nsOf(t, self, "net") {
-					t.Error("zygote without network none has a network namespace of its own")
-				}
-			}
-			ctx := ctxT(t)
-			var fibers []Fiber
-			var eps []endpoint
-			gid := -1
-			for i := uint64(1); i <= 3; i++ {
-				leaf, err := g.Fiber(1, i)
-				if err != nil {
-					t.Fatal(err)
-				}
-				ep := listen(t, i%2 == 0)
-				f, err := b.Clone(ctx, CloneRequest{Fence: fence(uid, i), Listener: ep.file, Leaf: leaf.Path(), Payload: []byte{byte(i)}})
-				if err != nil {
-					t.Fatalf("Clone %d: %v", i, err)
-				}
-				if f.Isolation != IsolationFiber {
-					t.Errorf("fiber %d: Isolation %q, want fiber", i, f.Isolation)
-				}
-				body, err := get(ep, "/")
-				if err != nil {
-					t.Fatalf("fiber %d: %v", i, err)
-				}
-				m := fields(body)
-				wantCg := strings.TrimPrefix(leaf.Path(), mount)
-				if m["pid"] != "1" || m["fence"] != f.Fence.String() || m["cgroup"] != wantCg {
-					t.Errorf("fiber %d answered %q, want pid=1, its fence and cgroup=%s", i, body, wantCg)
-				}
-				st := procStatus(t, f.PID)
-				if st["CapEff"] != "0000000000000000" || st["CapPrm"] != "0000000000000000" || st["CapAmb"] != "0000000000000000" || st["NoNewPrivs"] != "1" {
-					t.Errorf("fiber %d: CapEff %s CapPrm %s CapAmb %s NoNewPrivs %s, want no capability and no_new_privs", i, st["CapEff"], st["CapPrm"], st["CapAmb"], st["NoNewPrivs"])
-				}
-				u, gg := firstID(t, f.PID, "Uid"), firstID(t, f.PID, "Gid")
-				if u == 0 || u != gg || uint32(u) < DefaultIDFirst || uint32(u) >= DefaultIDFirst+DefaultIDCount {
-					t.Errorf("fiber %d runs as uid %d gid %d, want one id of the default range", i, u, gg)
-				}
-				if gid >= 0 && u != gid {
-					t.Errorf("fibers of one grant run as %d and %d", gid, u)
-				}
-				gid = u
-				if st["Groups"] != "" {
-					t.Errorf("fiber %d has supplementary groups %q", i, st["Groups"])
-				}
-				if zpid != 0 {
-					if firstID(t, zpid, "Uid") != u {
-						t.Errorf("fiber %d and its zygote run as different users", i)
-					}
-					for _, ns := range []string{"pid", "mnt", "ipc"} {
-						if nsOf(t, f.PID, ns) == nsOf(t, zpid, ns) {
-							t.Errorf("fiber %d shares its zygote's %s namespace", i, ns)
-						}
-					}
-				}
-				// It sees its grant's cgroup alone at /sys/fs/cgroup.
-				view, err := os.ReadDir(fmt.Sprintf("/proc/%d/root/sys/fs/cgroup", f.PID))
-				if err != nil {
-					t.Fatal(err)
-				}
-				names := map[string]bool{}
-				for _, e := range view {
-					names[e.Name()] = true
-				}
-				if !names[filepath.Base(leaf.Path())] || !names["cgroup.procs"] || names["unified"] || names[filepath.Base(tree.Root())] {
-					t.Errorf("fiber %d sees at /sys/fs/cgroup %v, want its grant's cgroup alone", i, names)
-				}
-				for _, o := range fibers {
-					if nsOf(t, o.PID, "pid") == nsOf(t, f.PID, "pid") {
-						t.Errorf("fibers %s and %s share a PID namespace", o.Fence, f.Fence)
-					}
-				}
-				fibers = append(fibers, f)
-				eps = append(eps, ep)
-			}
-			var home unix.Stat_t
-			if err := unix.Stat(filepath.Join(runDir, "home"), &home); err != nil || int(home.Uid) != gid || home.Mode&0o777 != 0o700 {
-				t.Errorf("home directory: %v, uid %d mode %o, want the grant's uid and 0700", err, home.Uid, home.Mode&0o777)
-			}
-
-			if err := b.Kill(ctx, fibers[0].Fence); err != nil {
-				t.Fatalf("Kill: %v", err)
-			}
-			if e := nextExit(t, b); e.Fence != fibers[0].Fence || !e.Reason.Killed {
-				t.Fatalf("exit after Kill = %+v", e)
-			}
-			waitGone(t, fibers[0].PID)
-			_, _ = get(eps[1], "/exit/7")
-			if e := nextExit(t, b); e.Fence != fibers[1].Fence || e.Reason != (ExitReason{Code: 7}) {
-				t.Fatalf("exit of the exiting fiber = %+v, want exit:7", e)
-			}
-			if err := b.Stop(ctx, uid); err != nil {
-				t.Fatalf("Stop: %v", err)
-			}
-			if e := nextExit(t, b); e.Fence != fibers[2].Fence || !e.Reason.Killed {
-				t.Fatalf("exit after Stop = %+v", e)
-			}
-			if b.GrantIsolation(uid) != "" {
-				t.Fatal("GrantIsolation of a stopped grant is not empty")
-			}
-			noStrays(t, uid)
-		})
+			t.Run(fmt.Sprintf("%s/W=%d", im.name, w), func(t *testing.T) { testIsolatedFibers(t, im, w) })
+		}
 	}
+}
+
+// testIsolatedFibers is TestIsolatedFibers for one backend, with w spares
+// (proc only): a fiber handed over from a spare is isolated as a forked one.
+func testIsolatedFibers(t *testing.T, im impl, w int) {
+	b := isoBackend(t, im.tier)
+	tree, mount := cgroupRoot(t)
+	uid := uidFor(t)
+	g, err := tree.Grant(uid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	runDir := t.TempDir()
+	warmIn(t, b, uid, im.kind.spec(t), g.Dir.Path(), runDir)
+	if got := b.GrantIsolation(uid); got != IsolationFiber {
+		t.Fatalf("GrantIsolation = %q, want fiber", got)
+	}
+	var spares []int
+	if w > 0 {
+		b.(*Proc).SetSpares(uid, w, 8)
+		spares = readySpares(t, b.(*Proc), uid, w)
+	}
+	self := os.Getpid()
+	var zpid int
+	if im.tier == core.TierWarm {
+		zpid = zygotePID(t, uid)
+		st := procStatus(t, zpid)
+		if st["NoNewPrivs"] != "1" || st["CapEff"] != capSysAdminOnly || st["CapAmb"] != capSysAdminOnly {
+			t.Errorf("zygote: NoNewPrivs %s CapEff %s CapAmb %s, want 1 and CAP_SYS_ADMIN alone", st["NoNewPrivs"], st["CapEff"], st["CapAmb"])
+		}
+		for _, ns := range []string{"user", "pid", "mnt", "ipc", "uts"} {
+			if nsOf(t, zpid, ns) == nsOf(t, self, ns) {
+				t.Errorf("zygote shares fiberd's %s namespace", ns)
+			}
+		}
+		if nsOf(t, zpid, "net") != nsOf(t, self, "net") {
+			t.Error("zygote without network none has a network namespace of its own")
+		}
+	}
+	ctx := ctxT(t)
+	var fibers []Fiber
+	var eps []endpoint
+	gid := -1
+	for i := uint64(1); i <= 3; i++ {
+		leaf, err := g.Fiber(1, i)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ep := listen(t, i%2 == 0)
+		f, err := b.Clone(ctx, CloneRequest{Fence: fence(uid, i), Listener: ep.file, Leaf: leaf.Path(), Payload: []byte{byte(i)}})
+		if err != nil {
+			t.Fatalf("Clone %d: %v", i, err)
+		}
+		if f.Isolation != IsolationFiber {
+			t.Errorf("fiber %d: Isolation %q, want fiber", i, f.Isolation)
+		}
+		if w > 0 && !slices.Contains(spares, f.PID) {
+			t.Errorf("fiber %d: pid %d is none of the spares %v", i, f.PID, spares)
+		}
+		body, err := get(ep, "/")
+		if err != nil {
+			t.Fatalf("fiber %d: %v", i, err)
+		}
+		m := fields(body)
+		wantCg := strings.TrimPrefix(leaf.Path(), mount)
+		if m["pid"] != "1" || m["fence"] != f.Fence.String() || m["cgroup"] != wantCg {
+			t.Errorf("fiber %d answered %q, want pid=1, its fence and cgroup=%s", i, body, wantCg)
+		}
+		st := procStatus(t, f.PID)
+		if st["CapEff"] != "0000000000000000" || st["CapPrm"] != "0000000000000000" || st["CapAmb"] != "0000000000000000" || st["NoNewPrivs"] != "1" {
+			t.Errorf("fiber %d: CapEff %s CapPrm %s CapAmb %s NoNewPrivs %s, want no capability and no_new_privs", i, st["CapEff"], st["CapPrm"], st["CapAmb"], st["NoNewPrivs"])
+		}
+		u, gg := firstID(t, f.PID, "Uid"), firstID(t, f.PID, "Gid")
+		if u == 0 || u != gg || uint32(u) < DefaultIDFirst || uint32(u) >= DefaultIDFirst+DefaultIDCount {
+			t.Errorf("fiber %d runs as uid %d gid %d, want one id of the default range", i, u, gg)
+		}
+		if gid >= 0 && u != gid {
+			t.Errorf("fibers of one grant run as %d and %d", gid, u)
+		}
+		gid = u
+		if st["Groups"] != "" {
+			t.Errorf("fiber %d has supplementary groups %q", i, st["Groups"])
+		}
+		if zpid != 0 {
+			if firstID(t, zpid, "Uid") != u {
+				t.Errorf("fiber %d and its zygote run as different users", i)
+			}
+			for _, ns := range []string{"pid", "mnt", "ipc"} {
+				if nsOf(t, f.PID, ns) == nsOf(t, zpid, ns) {
+					t.Errorf("fiber %d shares its zygote's %s namespace", i, ns)
+				}
+			}
+		}
+		// It sees its grant's cgroup alone at /sys/fs/cgroup.
+		view, err := os.ReadDir(fmt.Sprintf("/proc/%d/root/sys/fs/cgroup", f.PID))
+		if err != nil {
+			t.Fatal(err)
+		}
+		names := map[string]bool{}
+		for _, e := range view {
+			names[e.Name()] = true
+		}
+		if !names[filepath.Base(leaf.Path())] || !names["cgroup.procs"] || names["unified"] || names[filepath.Base(tree.Root())] {
+			t.Errorf("fiber %d sees at /sys/fs/cgroup %v, want its grant's cgroup alone", i, names)
+		}
+		for _, o := range fibers {
+			if nsOf(t, o.PID, "pid") == nsOf(t, f.PID, "pid") {
+				t.Errorf("fibers %s and %s share a PID namespace", o.Fence, f.Fence)
+			}
+		}
+		fibers = append(fibers, f)
+		eps = append(eps, ep)
+	}
+	var home unix.Stat_t
+	if err := unix.Stat(filepath.Join(runDir, "home"), &home); err != nil || int(home.Uid) != gid || home.Mode&0o777 != 0o700 {
+		t.Errorf("home directory: %v, uid %d mode %o, want the grant's uid and 0700", err, home.Uid, home.Mode&0o777)
+	}
+
+	if err := b.Kill(ctx, fibers[0].Fence); err != nil {
+		t.Fatalf("Kill: %v", err)
+	}
+	if e := nextExit(t, b); e.Fence != fibers[0].Fence || !e.Reason.Killed {
+		t.Fatalf("exit after Kill = %+v", e)
+	}
+	waitGone(t, fibers[0].PID)
+	_, _ = get(eps[1], "/exit/7")
+	if e := nextExit(t, b); e.Fence != fibers[1].Fence || e.Reason != (ExitReason{Code: 7}) {
+		t.Fatalf("exit of the exiting fiber = %+v, want exit:7", e)
+	}
+	if err := b.Stop(ctx, uid); err != nil {
+		t.Fatalf("Stop: %v", err)
+	}
+	if e := nextExit(t, b); e.Fence != fibers[2].Fence || !e.Reason.Killed {
+		t.Fatalf("exit after Stop = %+v", e)
+	}
+	if b.GrantIsolation(uid) != "" {
+		t.Fatal("GrantIsolation of a stopped grant is not empty")
+	}
+	noStrays(t, uid)
 }
 
 // warmIn is warm with a run directory of the caller's.

@@ -12,6 +12,7 @@ import (
 	"reflect"
 	"runtime"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -38,7 +39,10 @@ type Proc struct {
 	closeErr  error
 }
 
-var _ Backend = (*Proc)(nil)
+var (
+	_ Backend = (*Proc)(nil)
+	_ Sparer  = (*Proc)(nil)
+)
 
 // NewProc validates cfg and returns a Proc with no grant warm. It starts no
 // process; the exit queue's goroutine runs until Close.
@@ -80,6 +84,23 @@ type zygote struct {
 	stopping bool // Stop or Close ended it
 	pending  map[string]*pendingClone
 	fibers   map[string]*fiber
+
+	// Spares (spare_linux.go). handover is set when the zygote said
+	// "READY spares"; spareW and spareMax are SetSpares's.
+	handover         bool
+	spareW, spareMax int
+	spareFails       int               // spares in a row that failed to start or died untaken
+	nextSpare        uint64            // the last spare number asked for
+	forking          map[string]bool   // SPARE sent, SPARED not yet seen
+	spares           []*spare          // waiting to be taken, oldest first
+	taking           map[string]*spare // being handed over by a Clone
+	dropping         map[string]*spare // ended by fiberd, EXITED not yet seen
+	takenBy          map[string]string // spare name -> fence of the fiber it became
+	taken            uint64            // Clones served by a spare
+	spareWake        chan struct{}     // wakes spareLoop; buffered 1
+	lastTake         time.Time         // when a Clone last took a spare
+	settling         atomic.Bool       // a wake of spareLoop is scheduled after spareSettle
+	spareArrived     chan struct{}     // closed (and replaced) when a SPARE was answered, or the zygote ended
 }
 
 type pendingClone struct {
@@ -148,6 +169,7 @@ func (p *Proc) Warm(ctx context.Context, req WarmRequest) error {
 		if z == nil {
 			z = p.newZygote(uid, req.Spec, level)
 			z.recs = req.Records
+			z.spareW, z.spareMax = max0(req.Grant.Fibers.Warm), max0(req.Grant.Fibers.Max)
 			p.zygotes[uid] = z
 			p.mu.Unlock()
 			err := z.start(ctx, req)
@@ -199,6 +221,8 @@ func (p *Proc) newZygote(uid string, spec template.Spec, level Isolation) *zygot
 		p: p, uid: uid, spec: spec, level: level,
 		ready: make(chan struct{}), readerDone: make(chan struct{}), dead: make(chan struct{}),
 		pending: map[string]*pendingClone{}, fibers: map[string]*fiber{},
+		forking: map[string]bool{}, taking: map[string]*spare{}, dropping: map[string]*spare{}, takenBy: map[string]string{},
+		spareWake: make(chan struct{}, 1), spareArrived: make(chan struct{}),
 	}
 }
 
@@ -346,10 +370,11 @@ func (z *zygote) start(ctx context.Context, req WarmRequest) (err error) {
 			setup <- msg
 		}()
 	}
-	p.wg.Add(3)
+	p.wg.Add(4)
 	go func() { defer p.wg.Done(); lp.copy() }()
 	go func() { defer p.wg.Done(); z.read() }()
 	go func() { defer p.wg.Done(); z.wait() }()
+	go func() { defer p.wg.Done(); z.spareLoop() }()
 	p.log.Info("Zygote started", "grant", z.uid, "pid", z.cmd.Process.Pid, "cgroup", z.leaf, "log", lp.path,
 		"isolation", z.level.String(), "uid", z.id)
 
@@ -460,8 +485,13 @@ func (z *zygote) read() {
 			z.p.log.Info("Zygote message malformed; dropped", "grant", z.uid, "err", err.Error())
 			continue
 		}
-		// CLONED may carry one descriptor, a pidfd of the fiber; a zygote
+		// CLONED may carry one descriptor, a pidfd of the fiber; SPARED
+		// the spare's hand-over socket and maybe its pidfd; a zygote
 		// sends no other.
+		if m.kind == msgSpared {
+			z.spared(m, fds)
+			continue
+		}
 		pidfd := -1
 		if m.kind == msgCloned && len(fds) == 1 {
 			pidfd, fds = fds[0], nil
@@ -503,9 +533,11 @@ func (z *zygote) handle(m message, pidfd int) {
 		z.mu.Lock()
 		if !z.warm {
 			z.warm = true
+			z.handover = m.spares
 			close(z.ready)
 		}
 		z.mu.Unlock()
+		z.kick()
 	case msgCloned:
 		// The pidfd lets wait reap the fiber should the zygote die first
 		// (see reapOrphans). z.proc was set before this reader started.
@@ -572,7 +604,21 @@ func (z *zygote) handle(m message, pidfd int) {
 			return
 		}
 		pc.ch <- cloneResult{f: f}
-	case msgError:
+	case msgError, msgExited:
+		if m.spare {
+			f, ok := z.spareEnded(m)
+			if ok {
+				f.closePidfd() // the zygote reaped it
+				p.wg.Add(1)
+				go func() { defer p.wg.Done(); p.finish(f, m.exit) }()
+			}
+			z.kick()
+			return
+		}
+		if m.kind == msgExited {
+			z.exited(m)
+			return
+		}
 		z.mu.Lock()
 		pc := z.pending[m.fence]
 		delete(z.pending, m.fence)
@@ -580,19 +626,24 @@ func (z *zygote) handle(m message, pidfd int) {
 		if pc != nil {
 			pc.ch <- cloneResult{err: fmt.Errorf("zygote refused: %s", m.reason)}
 		}
-	case msgExited:
-		z.mu.Lock()
-		f := z.fibers[m.fence]
-		delete(z.fibers, m.fence)
-		z.mu.Unlock()
-		if f == nil {
-			p.log.Info("Zygote reported the exit of an unknown fiber; ignored", "grant", z.uid, "fence", m.fence)
-			return
-		}
-		f.closePidfd() // the zygote reaped it
-		p.wg.Add(1)
-		go func() { defer p.wg.Done(); p.finish(f, m.exit) }()
 	}
+}
+
+// exited handles EXITED of a fiber the zygote forked on CLONE.
+func (z *zygote) exited(m message) {
+	p := z.p
+	z.mu.Lock()
+	f := z.fibers[m.fence]
+	delete(z.fibers, m.fence)
+	z.mu.Unlock()
+	if f == nil {
+		p.log.Info("Zygote reported the exit of an unknown fiber; ignored", "grant", z.uid, "fence", m.fence)
+		return
+	}
+	f.closePidfd() // the zygote reaped it
+	p.wg.Add(1)
+	go func() { defer p.wg.Done(); p.finish(f, m.exit) }()
+	z.kick() // room for a spare again
 }
 
 // wait reaps the zygote and tears everything down: the grant goes cold,
@@ -620,6 +671,9 @@ func (z *zygote) wait() {
 	stopping, wasWarm := z.stopping, z.warm
 	pending, fibers := z.pending, z.fibers
 	z.pending, z.fibers = map[string]*pendingClone{}, map[string]*fiber{}
+	spares := z.sparesOfDeadZygoteLocked()
+	z.takenBy = map[string]string{}
+	z.spareAnsweredLocked()
 	z.mu.Unlock()
 
 	for _, pc := range pending {
@@ -636,6 +690,10 @@ func (z *zygote) wait() {
 		if err := f.signal(ctx); err != nil {
 			p.log.Error(err, "Fiber of a dead zygote not killed", "fence", f.fence.String())
 		}
+		list = append(list, f)
+	}
+	for _, f := range spares {
+		_ = f.signal(ctx)
 		list = append(list, f)
 	}
 	// The zygote is reaped, so its fibers have their last parent by now.
@@ -695,7 +753,51 @@ func (p *Proc) Clone(ctx context.Context, req CloneRequest) (Fiber, error) {
 	}
 	pc := &pendingClone{fence: req.Fence, leaf: req.Leaf, ch: make(chan cloneResult, 1)}
 	z.pending[fs] = pc
+	sp := z.popSpareLocked()
+	var arriving chan struct{}
+	if sp == nil && len(z.forking) > 0 {
+		// A spare is being forked, and a CLONE would wait behind it in
+		// the zygote's queue: wait for it instead, then take it (or, if
+		// another Clone did, fork).
+		arriving = z.spareArrived
+	}
 	z.mu.Unlock()
+	if arriving != nil {
+		select {
+		case <-arriving:
+		case <-ctx.Done():
+		}
+		z.mu.Lock()
+		switch {
+		case z.pending[fs] != pc: // the zygote ended
+			z.mu.Unlock()
+			return Fiber{}, fmt.Errorf("fiber %s: grant not warm: %w", fs, ErrCold)
+		case ctx.Err() != nil:
+			delete(z.pending, fs)
+			z.mu.Unlock()
+			return Fiber{}, fmt.Errorf("fiber %s: clone: waiting for a spare: %w", fs, ctx.Err())
+		}
+		sp = z.popSpareLocked()
+		z.mu.Unlock()
+	}
+	if sp != nil {
+		f, err := z.handOver(ctx, sp, req, pc)
+		z.kick() // a replacement, off this Clone's path
+		switch {
+		case err == nil:
+			return Fiber{Fence: req.Fence, PID: f.pid, Isolation: f.level}, nil
+		case !errors.Is(err, errSpareGone):
+			return Fiber{}, fmt.Errorf("fiber %s: %w", fs, err)
+		}
+		// The spare died: fork as without one.
+		z.mu.Lock()
+		if !z.warm || z.cold || z.stopping || z.pending[fs] != nil || z.fibers[fs] != nil {
+			z.mu.Unlock()
+			return Fiber{}, fmt.Errorf("fiber %s: grant not warm: %w", fs, ErrCold)
+		}
+		z.pending[fs] = pc
+		z.mu.Unlock()
+	}
 	drop := func() {
 		z.mu.Lock()
 		if z.pending[fs] == pc {
@@ -733,6 +835,7 @@ func (p *Proc) Clone(ctx context.Context, req CloneRequest) (Fiber, error) {
 		if r.err != nil {
 			return Fiber{}, fmt.Errorf("fiber %s: %w", fs, r.err)
 		}
+		z.kick()
 		return Fiber{Fence: req.Fence, PID: r.f.pid, Isolation: r.f.level}, nil
 	case <-ctx.Done():
 	}

@@ -12,12 +12,36 @@ import (
 // The zygote protocol's words. Each message is one SOCK_SEQPACKET datagram
 // of ASCII words separated by single spaces.
 const (
-	msgReady  = "READY"  // zygote -> fiberd: initialised, ready to clone
+	msgReady  = "READY"  // zygote -> fiberd: READY [spares]: initialised, ready to clone (and to fork spares)
 	msgClone  = "CLONE"  // fiberd -> zygote: CLONE <fence> <payload-hex|->
 	msgCloned = "CLONED" // zygote -> fiberd: CLONED <fence> <pid>
-	msgError  = "ERROR"  // zygote -> fiberd: ERROR <fence> <reason...>
-	msgExited = "EXITED" // zygote -> fiberd: EXITED <fence> <exit:N|signal:NAME>
+	msgError  = "ERROR"  // zygote -> fiberd: ERROR <fence|spare> <reason...>
+	msgExited = "EXITED" // zygote -> fiberd: EXITED <fence|spare> <exit:N|signal:NAME>
+	msgSpare  = "SPARE"  // fiberd -> zygote: SPARE <spare>
+	msgSpared = "SPARED" // zygote -> fiberd: SPARED <spare> <pid>, with [hand-over socket] or [hand-over socket, pidfd]
+	msgTake   = "TAKE"   // fiberd -> spare: TAKE <fence> <payload-hex|->, with [listener]; no answer
+
+	// featureSpares is the word after READY of a zygote that forks
+	// spares on SPARE and hands them over on TAKE.
+	featureSpares = "spares"
 )
+
+// spareName is the name fiberd gives the nth spare of a zygote in SPARE,
+// "s<n>". It cannot be a fence, which holds slashes.
+func spareName(n uint64) string { return "s" + strconv.FormatUint(n, 10) }
+
+// isSpareName reports whether s is a spare's name, "s" and 1 to 20 digits.
+func isSpareName(s string) bool {
+	if len(s) < 2 || len(s) > 21 || s[0] != 's' {
+		return false
+	}
+	for _, c := range s[1:] {
+		if c < '0' || c > '9' {
+			return false
+		}
+	}
+	return true
+}
 
 // maxMessage is the largest message either side sends or reads: a CLONE of
 // MaxPayload bytes in hex plus its words fits with room to spare.
@@ -26,8 +50,10 @@ const maxMessage = 16384
 // message is one parsed zygote -> fiberd message.
 type message struct {
 	kind   string
-	fence  string     // CLONED, ERROR, EXITED
-	pid    int        // CLONED
+	spares bool       // READY: the zygote forks spares
+	fence  string     // CLONED, ERROR, EXITED, SPARED: a fence, or for a spare its name
+	spare  bool       // fence is a spare's name
+	pid    int        // CLONED, SPARED
 	reason string     // ERROR
 	exit   ExitReason // EXITED
 }
@@ -41,6 +67,14 @@ func formatClone(f core.Fence, payload []byte) string {
 	return msgClone + " " + f.String() + " " + p
 }
 
+// formatSpare builds "SPARE <spare>".
+func formatSpare(name string) string { return msgSpare + " " + name }
+
+// formatTake builds "TAKE <fence> <payload-hex|->".
+func formatTake(f core.Fence, payload []byte) string {
+	return msgTake + formatClone(f, payload)[len(msgClone):]
+}
+
 // parseMessage reads one message from a zygote. A zygote is the template's
 // code, so its messages are untrusted: anything malformed is an error and is
 // logged and dropped by the caller.
@@ -52,11 +86,19 @@ func parseMessage(b []byte) (message, error) {
 	kind, rest, _ := strings.Cut(s, " ")
 	switch kind {
 	case msgReady:
-		if rest != "" {
-			return message{}, fmt.Errorf("zygote message %q: READY takes no arguments", trunc(s))
+		m := message{kind: kind}
+		for _, w := range strings.Fields(rest) {
+			// Words fiberd does not know are features of a newer
+			// protocol: ignored, so such a zygote still serves.
+			if w == featureSpares {
+				m.spares = true
+			}
 		}
-		return message{kind: kind}, nil
-	case msgCloned, msgError, msgExited:
+		if rest != "" && rest != strings.Join(strings.Fields(rest), " ") {
+			return message{}, fmt.Errorf("zygote message %q: READY's words must be separated by single spaces", trunc(s))
+		}
+		return m, nil
+	case msgCloned, msgError, msgExited, msgSpared:
 	default:
 		return message{}, fmt.Errorf("zygote message %q: unknown", trunc(s))
 	}
@@ -64,12 +106,19 @@ func parseMessage(b []byte) (message, error) {
 	if !ok || arg == "" {
 		return message{}, fmt.Errorf("zygote message %q: want %s <fence> <argument>", trunc(s), kind)
 	}
-	if _, err := core.ParseFence(fence); err != nil {
-		return message{}, fmt.Errorf("zygote message %q: %v", trunc(s), err)
+	m := message{kind: kind, fence: fence, spare: isSpareName(fence)}
+	switch {
+	case kind == msgSpared && !m.spare:
+		return message{}, fmt.Errorf("zygote message %q: SPARED names a spare, s<n>", trunc(s))
+	case kind == msgCloned && m.spare:
+		return message{}, fmt.Errorf("zygote message %q: CLONED names a fence", trunc(s))
+	case !m.spare:
+		if _, err := core.ParseFence(fence); err != nil {
+			return message{}, fmt.Errorf("zygote message %q: %v", trunc(s), err)
+		}
 	}
-	m := message{kind: kind, fence: fence}
 	switch kind {
-	case msgCloned:
+	case msgCloned, msgSpared:
 		pid, err := strconv.Atoi(arg)
 		if err != nil || pid <= 1 {
 			return message{}, fmt.Errorf("zygote message %q: pid must be a number above 1", trunc(s))

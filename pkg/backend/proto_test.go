@@ -15,7 +15,15 @@ func TestParseMessage(t *testing.T) {
 		ok   bool
 	}{
 		{"READY", message{kind: msgReady}, true},
-		{"READY now", message{}, false},
+		{"READY now", message{kind: msgReady}, true}, // a feature fiberd does not know
+		{"READY spares", message{kind: msgReady, spares: true}, true},
+		{"READY  spares", message{}, false},
+		{"SPARED s7 4242", message{kind: msgSpared, fence: "s7", spare: true, pid: 4242}, true},
+		{"SPARED g/1/2 4242", message{}, false},
+		{"CLONED s7 4242", message{}, false},
+		{"ERROR s7 fork: no memory", message{kind: msgError, fence: "s7", spare: true, reason: "fork: no memory"}, true},
+		{"EXITED s12 exit:0", message{kind: msgExited, fence: "s12", spare: true}, true},
+		{"EXITED sx exit:0", message{}, false},
 		{"CLONED g/1/2 4242", message{kind: msgCloned, fence: "g/1/2", pid: 4242}, true},
 		{"CLONED g/1/2 1", message{}, false},
 		{"CLONED g/1/2 x", message{}, false},
@@ -52,6 +60,16 @@ func TestFormatClone(t *testing.T) {
 	}
 	if n := len(formatClone(core.Fence{GrantUID: strings.Repeat("a", 63), Epoch: ^uint64(0), Seq: ^uint64(0)}, make([]byte, MaxPayload))); n > maxMessage {
 		t.Errorf("largest CLONE is %d bytes, over maxMessage %d", n, maxMessage)
+	}
+}
+
+func TestTakeMessages(t *testing.T) {
+	f := core.Fence{GrantUID: "g", Epoch: 3, Seq: 9}
+	if got := formatTake(f, []byte{0xab}); got != "TAKE g/3/9 ab" {
+		t.Errorf("formatTake = %q", got)
+	}
+	if got := formatSpare(spareName(4)); got != "SPARE s4" {
+		t.Errorf("formatSpare = %q", got)
 	}
 }
 

@@ -52,7 +52,10 @@ func ParseTier(s string) (Tier, error) {
 }
 
 // Fibers is a grant's capacity: at most Max fibers run at once, and the
-// agent keeps Warm of them ready to serve. Warm is advisory.
+// agent keeps min(Warm, Max - running) spare fibers forked ahead, so a
+// Clone hands one over instead of forking (backend.Sparer; a template that
+// does not hand spares over forks every Clone). Warm is advisory: spares
+// are no capacity and no promise.
 type Fibers struct {
 	Max  int `json:"max"`
 	Warm int `json:"warm,omitempty"`

@@ -281,8 +281,29 @@ func (a *Agent) bumpEpoch(ctx context.Context, reason string) uint64 {
 	for _, f := range fibers {
 		a.releaseFiber(ctx, f)
 	}
+	a.renewSpares()
 	a.dropAllParked("epoch")
 	a.log.Info("Epoch bumped; every running fiber released", "epoch", n, "reason", reason, "fibers", len(fibers))
 	a.notify()
 	return n
+}
+
+// renewSpares ends every admitted grant's spare fibers and has new ones
+// forked: an epoch bump ends what ran before it, and a spare is a fiber
+// in waiting.
+func (a *Agent) renewSpares() {
+	a.mu.Lock()
+	slots := make([]*slot, 0, len(a.slots))
+	for _, s := range a.slots {
+		slots = append(slots, s)
+	}
+	a.mu.Unlock()
+	for _, s := range slots {
+		s.mu.Lock()
+		b, admitted := s.backend, s.admitted
+		s.mu.Unlock()
+		if sp, ok := b.(backend.Sparer); ok && admitted {
+			sp.RenewSpares(s.uid)
+		}
+	}
 }

@@ -51,6 +51,10 @@ func newMetrics(reg prometheus.Registerer, a *Agent) (*metrics, error) {
 			warm:    prometheus.NewDesc("fiberd_warm_templates", "Admitted grants whose template is warm.", nil, nil),
 			epoch:   prometheus.NewDesc("fiberd_epoch", "The agent's epoch.", nil, nil),
 			lane:    prometheus.NewDesc("fiberd_lane_healthy", "1 while the home's control plane counts as reachable, else 0.", nil, nil),
+			spares: prometheus.NewDesc("fiberd_spare_fibers", "Spare fibers per grant that asks for some (fibers.warm), by state: ready (forked and waiting) or wanted (min(warm, max - running)).",
+				[]string{"grant", "state"}, nil),
+			spareBytes: prometheus.NewDesc("fiberd_spare_fiber_bytes", "Memory the waiting spare fibers of a grant hold of their own (the sum of their Private_Dirty).", []string{"grant"}, nil),
+			spareTaken: prometheus.NewDesc("fiberd_spare_fibers_taken_total", "Clones served by handing over a spare fiber, per grant, since its zygote started.", []string{"grant"}, nil),
 		},
 	}
 	m.iso = newIsolationCollector(a)
@@ -64,8 +68,9 @@ func newMetrics(reg prometheus.Registerer, a *Agent) (*metrics, error) {
 
 // stateCollector reads the gauges from the agent when scraped.
 type stateCollector struct {
-	a                          *Agent
-	running, warm, epoch, lane *prometheus.Desc
+	a                              *Agent
+	running, warm, epoch, lane     *prometheus.Desc
+	spares, spareBytes, spareTaken *prometheus.Desc
 }
 
 func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
@@ -73,6 +78,9 @@ func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.warm
 	ch <- c.epoch
 	ch <- c.lane
+	ch <- c.spares
+	ch <- c.spareBytes
+	ch <- c.spareTaken
 }
 
 func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
@@ -81,6 +89,16 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(c.running, prometheus.GaugeValue, float64(len(st.Running)), st.Grant.UID)
 		if c.a.isWarm(st.Grant.UID) {
 			warm++
+		}
+		if s := c.a.slotOf(st.Grant.UID); s != nil {
+			v := s.view()
+			if sp := spareStatus(v.backend, st.Grant.UID, v.grant.Fibers.Warm, v.admitted && v.warm); sp != nil {
+				uid := st.Grant.UID
+				ch <- prometheus.MustNewConstMetric(c.spares, prometheus.GaugeValue, float64(sp.Ready), uid, "ready")
+				ch <- prometheus.MustNewConstMetric(c.spares, prometheus.GaugeValue, float64(sp.Wanted), uid, "wanted")
+				ch <- prometheus.MustNewConstMetric(c.spareBytes, prometheus.GaugeValue, float64(sp.Bytes), uid)
+				ch <- prometheus.MustNewConstMetric(c.spareTaken, prometheus.CounterValue, float64(sp.Taken), uid)
+			}
 		}
 	}
 	ch <- prometheus.MustNewConstMetric(c.warm, prometheus.GaugeValue, float64(warm))

@@ -144,8 +144,14 @@ func (a *Agent) reconcileSlot(ctx context.Context, s *slot, token []byte) (resul
 		}
 		s.mu.Lock()
 		s.grant = *want
+		b := s.backend
 		s.mu.Unlock()
 		a.log.V(1).Info("Grant renewed", "grant", uid, "expiry", want.Expiry)
+		if sp, ok := b.(backend.Sparer); ok && cur.Fibers != want.Fibers {
+			// A zygote warmed later starts from the renewed grant.
+			sp.SetSpares(uid, want.Fibers.Warm, want.Fibers.Max)
+			a.log.V(1).Info("Grant's spares changed", "grant", uid, "warm", want.Fibers.Warm, "max", want.Fibers.Max)
+		}
 	}
 	soonest(want.Expiry.Sub(now))
 

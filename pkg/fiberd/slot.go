@@ -214,7 +214,6 @@ func (s *slot) status(out *api.GrantStatus) {
 		out.Error = err.Error()
 	}
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	if out.WBudget = s.grant.WBudget; out.WBudget > 0 {
 		out.WBudgetBy = "measured"
 		if s.memCgroup {
@@ -223,4 +222,26 @@ func (s *slot) status(out *api.GrantStatus) {
 	}
 	out.OverBudget = s.overBudget
 	out.Exits = append([]api.FiberExit(nil), s.exits...)
+	w := s.grant.Fibers.Warm
+	s.mu.Unlock()
+	out.Spares = spareStatus(b, s.uid, w, out.Warm) // outside mu: the backend, /proc
+}
+
+// spareStatus is the status of grant uid's spares on backend b, the grant
+// asking for w: nil when it asks for none and has none, or is not warm.
+// It reads the spares' memory from /proc.
+func spareStatus(b backend.Backend, uid string, w int, warm bool) *api.SpareStatus {
+	sp, ok := b.(backend.Sparer)
+	if !ok || !warm {
+		return nil
+	}
+	st := sp.Spares(uid)
+	if w <= 0 && st.Ready == 0 {
+		return nil
+	}
+	out := &api.SpareStatus{Warm: w, HandOver: st.Supported, Wanted: st.Want, Ready: st.Ready, Taken: st.Taken, Failed: st.Failed}
+	if pids := sp.SparePIDs(uid); len(pids) > 0 {
+		out.Bytes, _ = privateDirty(pids) // a spare gone meanwhile counts nothing
+	}
+	return out
 }

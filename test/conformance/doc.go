@@ -32,7 +32,9 @@
 // of a grant Pod on a real kube-apiserver (test/kubeapi), carving a cgroup
 // v2 subtree. The backends: the fake (pkg/backend/fake), proc (WARM) and
 // exec (BASIC) running the C counter of examples/templates, and, with the
-// fake home, proc and exec isolating every fiber (fiberd's default on a
+// fake home, proc with grants of fibers.warm 2 (Clones take spare fibers;
+// each grant's spares are waited for once it is warm) and proc and exec
+// isolating every fiber (fiberd's default on a
 // standalone host; they skip where the host does not isolate, unless
 // FIBERD_ISOLATION_REQUIRED=1). Run it with
 // `make conformance` (every home and backend, testhooks and integration

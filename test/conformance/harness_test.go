@@ -126,6 +126,14 @@ var execBackend = Backend{
 	Devices:    fiberDevices,
 }
 
+// procSpares is proc with grants of fibers.warm 2: the C counter's zygote
+// hands spares over, so Clones take them instead of forking.
+var procSpares = func() Backend {
+	b := procBackend
+	b.Name, b.Warm = "proc-spares", 2
+	return b
+}()
+
 // procIsolated and execIsolated are proc and exec asked for
 // backend.IsolationFiber, fiberd's default on a standalone host: the
 // promises hold for isolated grants too. They skip, saying why, where the
@@ -290,7 +298,7 @@ func killZygote(t *testing.T, _ backend.Backend, uid string) {
 // -------------------------------------------------------------------- runs
 
 func TestFakeHome(t *testing.T) {
-	for _, b := range []Backend{fakeBackend, procBackend, execBackend, procIsolated, execIsolated} {
+	for _, b := range []Backend{fakeBackend, procBackend, procSpares, execBackend, procIsolated, execIsolated} {
 		t.Run(b.Name, func(t *testing.T) { Run(t, fakeHome, b) })
 	}
 }

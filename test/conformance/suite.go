@@ -75,6 +75,10 @@ type Backend struct {
 	// KillZygote kills grant uid's zygote as a crash would. Nil for a
 	// backend without zygotes.
 	KillZygote func(t *testing.T, b backend.Backend, uid string)
+	// Warm is the fibers.warm of every grant the suite mints: with spares
+	// (a backend that hands them over), Clones take spare fibers, and
+	// every promise must hold as when they fork. Default 0.
+	Warm int
 }
 
 // Promises are the agent's promises the suite checks, by name, in order.
@@ -241,7 +245,7 @@ func (e *env) mint(uid string, opts ...func(*core.Grant)) []byte {
 	e.t.Helper()
 	now := time.Now().Truncate(time.Second)
 	g := core.Grant{UID: uid, Issuer: issuer, Audience: node, Template: e.tmpl,
-		Fibers: core.Fibers{Max: 4}, IssuedAt: now, Expiry: now.Add(time.Hour)}
+		Fibers: core.Fibers{Max: 4, Warm: e.b.Warm}, IssuedAt: now, Expiry: now.Add(time.Hour)}
 	for _, o := range opts {
 		o(&g)
 	}
@@ -251,11 +255,18 @@ func (e *env) mint(uid string, opts ...func(*core.Grant)) []byte {
 }
 
 // deliverWarm has the lane deliver token and waits until grant uid is
-// warm.
+// warm, and with Backend.Warm until its spares are ready.
 func (e *env) deliverWarm(uid string, token []byte) {
 	e.t.Helper()
 	e.ctl.Deliver(e.t, uid, token)
 	e.eventually("grant "+uid+" warm", func() bool { g, ok := e.grant(uid); return ok && g.Warm })
+	if e.b.Warm > 0 {
+		// The first Clones take spares, not forks.
+		e.eventually("grant "+uid+" spares ready", func() bool {
+			g, ok := e.grant(uid)
+			return ok && g.Spares != nil && g.Spares.HandOver && g.Spares.Wanted > 0 && g.Spares.Ready >= g.Spares.Wanted
+		})
+	}
 }
 
 // grant is uid's entry in the status.

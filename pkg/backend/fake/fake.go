@@ -12,7 +12,10 @@ import (
 	"fiberd.io/fiberd/pkg/template"
 )
 
-var _ backend.Backend = (*Backend)(nil)
+var (
+	_ backend.Backend = (*Backend)(nil)
+	_ backend.Sparer  = (*Backend)(nil)
+)
 
 // Hooks inject errors into, or block, a Backend's methods. Each runs first,
 // with the method's arguments; a non-nil error is returned as the method's
@@ -53,6 +56,11 @@ type Backend struct {
 
 	// ck is the checkpoint state (checkpoint.go); guarded by mu.
 	ck checkpoints
+
+	// spares are each warm grant's spare settings (warm, max) and how
+	// often RenewSpares was called; guarded by mu.
+	spares  map[string][2]int
+	renewed map[string]int
 }
 
 // New returns a fake backend serving tier (core.TierWarm like the proc
@@ -65,6 +73,8 @@ func New(tier core.Tier, hooks Hooks) *Backend {
 		levels:  make(map[string]backend.Isolation),
 		cold:    make(map[string]bool),
 		fibers:  make(map[core.Fence]backend.CloneRequest),
+		spares:  make(map[string][2]int),
+		renewed: make(map[string]int),
 		pid:     10000,
 		wake:    make(chan struct{}, 1),
 		exits:   make(chan backend.Exit),
@@ -112,8 +122,12 @@ func (b *Backend) Warm(ctx context.Context, req backend.WarmRequest) error {
 	if b.closed {
 		return errors.New("fake backend: closed")
 	}
-	if have, ok := b.warm[uid]; ok && !b.cold[uid] && !sameSpec(have, req) {
+	have, ok := b.warm[uid]
+	if ok && !b.cold[uid] && !sameSpec(have, req) {
 		return fmt.Errorf("grant %q: warm with another spec; stop it first: %w", uid, core.ErrInvalid)
+	}
+	if !ok || b.cold[uid] {
+		b.spares[uid] = [2]int{req.Grant.Fibers.Warm, req.Grant.Fibers.Max}
 	}
 	b.warm[uid] = req
 	b.levels[uid] = grantLevel(b.iso, req)
@@ -248,6 +262,58 @@ func (b *Backend) stopLocked(uid string) {
 	delete(b.warm, uid)
 	delete(b.levels, uid)
 	delete(b.cold, uid)
+	delete(b.spares, uid)
+}
+
+// SetSpares records warm and max for a warm grant (Warm starts them at the
+// grant's Fibers); the fake forks nothing.
+func (b *Backend) SetSpares(uid string, warm, max int) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if _, ok := b.warm[uid]; ok && !b.cold[uid] {
+		b.spares[uid] = [2]int{warm, max}
+	}
+}
+
+// RenewSpares counts the call for a warm grant (see Renewed).
+func (b *Backend) RenewSpares(uid string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if _, ok := b.warm[uid]; ok && !b.cold[uid] {
+		b.renewed[uid]++
+	}
+}
+
+// Spares reports a warm grant's spares as if every wanted one were ready:
+// min(warm, max - running), HandOver set.
+func (b *Backend) Spares(uid string) backend.SpareStatus {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	sp, ok := b.spares[uid]
+	if !ok || b.cold[uid] {
+		return backend.SpareStatus{}
+	}
+	n := max(min(sp[0], sp[1]-len(b.sortedLocked(uid))), 0)
+	return backend.SpareStatus{Supported: true, Want: n, Ready: n}
+}
+
+// SparePIDs is always empty: the fake has no processes.
+func (b *Backend) SparePIDs(uid string) []int { return nil }
+
+// SpareSettings are the warm and max grant uid's spares were last set to,
+// and whether it is warm.
+func (b *Backend) SpareSettings(uid string) (warm, max int, ok bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	sp, ok := b.spares[uid]
+	return sp[0], sp[1], ok
+}
+
+// Renewed counts RenewSpares calls for uid.
+func (b *Backend) Renewed(uid string) int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.renewed[uid]
 }
 
 // Exits is the queue of ended fibers and died templates; Close closes it.
@@ -313,6 +379,7 @@ func (b *Backend) DieTemplate(uid string) bool {
 		b.pushLocked(backend.Exit{GrantUID: uid, Fence: f, Reason: backend.ExitReason{TemplateDied: true}})
 	}
 	b.cold[uid] = true
+	delete(b.spares, uid)
 	b.pushLocked(backend.Exit{GrantUID: uid, Template: true, Reason: backend.ExitReason{Signal: "SIGKILL"}})
 	return true
 }

@@ -242,10 +242,12 @@ static int fz_isolate_fiber(void)
 }
 #endif
 
-/* In the child: the set-up that must happen before user code. Returns 0 or an errno. */
-static int fz_child_setup(struct fz_state *st, pid_t zygote, int listen_fd, int leaf_fd, const char *fence, const char *hex)
+/* In the child, first half of the set-up before user code: the parent-death
+ * signal, a new session, the fiber's isolation, and no descriptor of the
+ * zygote's left but what the caller keeps. A spare does this when it is
+ * forked, a cloned fiber right away. Returns 0 or an errno. */
+static int fz_child_prepare(struct fz_state *st, pid_t zygote)
 {
-	char buf[32];
 #ifdef __linux__
 	/* A fiber ends with its zygote (which ends with fiberd): SIGKILL when
 	 * the parent dies. The zygote may have died before the prctl; then the
@@ -261,22 +263,35 @@ static int fz_child_setup(struct fz_state *st, pid_t zygote, int listen_fd, int 
 #endif
 	if (setsid() < 0)
 		return errno;
-	if (leaf_fd >= 0) {
-		int e = fz_enter_leaf(leaf_fd);
-		if (e)
-			return e;
-		close(leaf_fd);
-	}
 #ifdef __linux__
 	if (st->pidns >= 0) {
 		close(st->pidns);
+		st->pidns = -1;
 		int e = fz_isolate_fiber();
 		if (e)
 			return e;
 	}
 #endif
 	close(st->sfd);
-	if (st->ctl != FZ_LISTEN_FD)
+	st->sfd = -1;
+	return 0;
+}
+
+/* In the child, second half: enter the leaf, the listener on descriptor 3
+ * (the control socket, when still open there, is closed), the fiber's
+ * environment and the caller's signal mask. Returns 0 or an errno. */
+static int fz_child_finish(struct fz_state *st, int listen_fd, int leaf_fd, const char *fence, const char *hex)
+{
+	char buf[32];
+	if (leaf_fd >= 0) {
+		int e = fz_enter_leaf(leaf_fd);
+		if (e)
+			return e;
+		close(leaf_fd);
+		if (listen_fd == leaf_fd)
+			return EBADF;
+	}
+	if (st->ctl >= 0 && st->ctl != FZ_LISTEN_FD)
 		close(st->ctl);
 	if (listen_fd != FZ_LISTEN_FD) {
 		if (dup2(listen_fd, FZ_LISTEN_FD) < 0) /* replaces the control socket when it is 3 */
@@ -299,6 +314,13 @@ static int fz_child_setup(struct fz_state *st, pid_t zygote, int listen_fd, int 
 	if (sigprocmask(SIG_SETMASK, &st->oldmask, NULL) < 0)
 		return errno;
 	return 0;
+}
+
+/* In the child: the whole set-up of a cloned fiber. Returns 0 or an errno. */
+static int fz_child_setup(struct fz_state *st, pid_t zygote, int listen_fd, int leaf_fd, const char *fence, const char *hex)
+{
+	int e = fz_child_prepare(st, zygote);
+	return e ? e : fz_child_finish(st, listen_fd, leaf_fd, fence, hex);
 }
 
 /* fz_fork forks one fiber. With st->pidns (FIBERD_ISOLATION=fiber) the
@@ -430,6 +452,187 @@ out:
 	free(payload);
 }
 
+/* fz_send_fds sends msg with fds attached (SCM_RIGHTS) on sock. */
+static int fz_send_fds(int sock, const char *msg, const int *fds, int nfds)
+{
+	union {
+		char buf[CMSG_SPACE(sizeof(int) * 2)];
+		struct cmsghdr align;
+	} cm;
+	memset(&cm, 0, sizeof(cm));
+	struct iovec iov = {.iov_base = (void *)msg, .iov_len = strlen(msg)};
+	struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1};
+	if (nfds > 0) {
+		mh.msg_control = cm.buf;
+		mh.msg_controllen = CMSG_SPACE(sizeof(int) * (size_t)nfds);
+		struct cmsghdr *c = CMSG_FIRSTHDR(&mh);
+		c->cmsg_level = SOL_SOCKET;
+		c->cmsg_type = SCM_RIGHTS;
+		c->cmsg_len = CMSG_LEN(sizeof(int) * (size_t)nfds);
+		memcpy(CMSG_DATA(c), fds, sizeof(int) * (size_t)nfds);
+	}
+	ssize_t n;
+	do {
+		n = sendmsg(sock, &mh, MSG_NOSIGNAL);
+	} while (n < 0 && errno == EINTR);
+	return n < 0 ? -1 : 0;
+}
+
+/* fz_spare_wait runs in a spare, set up but for its identity: it blocks on
+ * its hand-over socket until fiberd takes it (TAKE <fence> <payload-hex|->
+ * with [listener], fiberd having put it in its leaf already; a leaf sent
+ * too is entered), finishes the set-up and becomes the fiber. Nothing is
+ * answered: a spare that cannot become the fiber says why on stderr and
+ * exits 127. It exits 0 when fiberd closes the socket first. */
+static void fz_spare_wait(struct fz_state *st, int hs, fz_fiber_fn on_fiber, void *arg)
+{
+	static char msg[FZ_MSG_MAX + 1];
+	union {
+		char buf[CMSG_SPACE(sizeof(int) * FZ_MAX_FDS)];
+		struct cmsghdr align;
+	} cm;
+	struct iovec iov = {.iov_base = msg, .iov_len = FZ_MSG_MAX};
+	struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cm.buf, .msg_controllen = sizeof(cm.buf)};
+	ssize_t n;
+	do {
+		n = recvmsg(hs, &mh, MSG_CMSG_CLOEXEC);
+	} while (n < 0 && errno == EINTR);
+	if (n <= 0)
+		_exit(0); /* not wanted any more */
+	int fds[FZ_MAX_FDS], nfds = 0;
+	for (struct cmsghdr *c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c)) {
+		if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
+			continue;
+		int k = (int)((c->cmsg_len - CMSG_LEN(0)) / sizeof(int));
+		int *in = (int *)CMSG_DATA(c);
+		for (int i = 0; i < k; i++) {
+			if (nfds < FZ_MAX_FDS)
+				fds[nfds++] = in[i];
+			else
+				close(in[i]);
+		}
+	}
+	msg[n] = 0;
+	close(hs); /* nothing more comes, and nothing is answered */
+	char *fence = NULL, *hex = NULL, *extra = NULL;
+	if (strncmp(msg, "TAKE ", 5) == 0 && !memchr(msg, 0, (size_t)n) && !(mh.msg_flags & MSG_TRUNC)) {
+		fence = strtok(msg + 5, " ");
+		hex = strtok(NULL, " ");
+		extra = strtok(NULL, " ");
+	}
+	if (!fence || !hex || extra || strlen(fence) > FZ_FENCE_MAX || nfds < 1 || nfds > 2) {
+		fz_log("spare: malformed TAKE (want TAKE <fence> <payload-hex|-> with [listener]): %.64s%s; exiting", msg + 5, "");
+		_exit(127);
+	}
+	unsigned char *payload = NULL;
+	size_t plen = 0;
+	if (fz_unhex(hex, &payload, &plen) < 0) {
+		fz_log("spare for %s: payload is not hex%s; exiting", fence, "");
+		_exit(127);
+	}
+	int e = fz_child_finish(st, fds[0], nfds > 1 ? fds[1] : -1, fence, hex);
+	if (e) {
+		fz_log("spare for %s: fiber set-up failed (cgroup entry, descriptor 3): %s; exiting", fence, strerror(e));
+		_exit(127);
+	}
+	struct fz_fiber f = {.fence = fence, .payload = payload, .payload_len = plen, .listen_fd = FZ_LISTEN_FD};
+	exit(on_fiber(&f, arg) & 0xff);
+}
+
+/* fz_spare forks a spare on "SPARE <id>": a child set up as a fiber is,
+ * but for its identity, blocked on a hand-over socket of its own whose
+ * other end goes to fiberd with "SPARED <id> <pid>". */
+static void fz_spare(struct fz_state *st, char *args, int *fds, int nfds, fz_fiber_fn on_fiber, void *arg)
+{
+	char *id = strtok(args, " ");
+	char *extra = strtok(NULL, " ");
+	int sync[2] = {-1, -1}, hs[2] = {-1, -1};
+	char why[256];
+	for (int i = 0; i < nfds; i++)
+		close(fds[i]);
+	if (!id || strlen(id) > FZ_FENCE_MAX) {
+		fz_log("%s%s", "SPARE without a usable id; ignored", "");
+		return;
+	}
+	if (extra) {
+		fz_refuse(st, id, "malformed SPARE: want SPARE <id>");
+		return;
+	}
+	if (pipe2(sync, O_CLOEXEC) < 0 || socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, hs) < 0) {
+		snprintf(why, sizeof(why), "pipe or socketpair: %s", strerror(errno));
+		fz_refuse(st, id, why);
+		goto out;
+	}
+	fflush(NULL);
+	pid_t zygote = getpid();
+	pid_t pid = fz_fork(st, why, sizeof(why));
+	if (pid < 0) {
+		fz_refuse(st, id, why);
+		goto out;
+	}
+	if (pid == 0) {
+		close(sync[0]);
+		close(hs[0]);
+		int e = fz_child_prepare(st, zygote);
+		close(st->ctl);
+		st->ctl = -1;
+		unsigned char rep[1 + sizeof(int)] = {0};
+		if (e) {
+			rep[0] = 1;
+			memcpy(rep + 1, &e, sizeof(int));
+		}
+		if (write(sync[1], rep, sizeof(rep)) < 0) { /* the zygote is gone */ }
+		close(sync[1]);
+		if (e)
+			_exit(127);
+		fz_spare_wait(st, hs[1], on_fiber, arg);
+		_exit(127);
+	}
+	close(sync[1]);
+	sync[1] = -1;
+	close(hs[1]);
+	hs[1] = -1;
+	unsigned char rep[1 + sizeof(int)];
+	ssize_t n;
+	do {
+		n = read(sync[0], rep, sizeof(rep));
+	} while (n < 0 && errno == EINTR);
+	if (n != (ssize_t)sizeof(rep) || rep[0] != 0) {
+		int e = 0;
+		if (n == (ssize_t)sizeof(rep))
+			memcpy(&e, rep + 1, sizeof(int));
+		snprintf(why, sizeof(why), "spare set-up failed (new session, isolation): %s", e ? strerror(e) : "child died");
+		waitpid(pid, NULL, 0);
+		fz_refuse(st, id, why);
+		goto out;
+	}
+	if (fz_add_kid(st, pid, id) < 0) {
+		kill(-pid, SIGKILL);
+		waitpid(pid, NULL, 0);
+		fz_refuse(st, id, "out of memory");
+		goto out;
+	}
+	snprintf(why, sizeof(why), "SPARED %s %d", id, (int)pid);
+	{
+		int out[2] = {hs[0], -1}, k = 1;
+#ifdef SYS_pidfd_open
+		out[1] = (int)syscall(SYS_pidfd_open, pid, 0);
+		if (out[1] >= 0)
+			k = 2;
+#endif
+		fz_send_fds(st->ctl, why, out, k);
+		if (k == 2)
+			close(out[1]);
+	}
+out:
+	for (int i = 0; i < 2; i++) {
+		if (sync[i] >= 0)
+			close(sync[i]);
+		if (hs[i] >= 0)
+			close(hs[i]);
+	}
+}
+
 int fz_socket_activated(void)
 {
 	const char *fds = getenv("LISTEN_FDS"), *pid = getenv("LISTEN_PID");
@@ -484,7 +687,7 @@ int fz_serve(int control_fd, fz_fiber_fn on_fiber, void *arg)
 	if (st.sfd < 0)
 		return -1;
 
-	if (fz_send(&st, "READY") < 0) {
+	if (fz_send(&st, "READY spares") < 0) {
 		fz_log("%s%s", "cannot say READY on the control socket: ", strerror(errno));
 		close(st.sfd);
 		return -1;
@@ -542,6 +745,8 @@ int fz_serve(int control_fd, fz_fiber_fn on_fiber, void *arg)
 		}
 		if (strncmp(msg, "CLONE ", 6) == 0) {
 			fz_clone(&st, msg + 6, fds, nfds, on_fiber, arg);
+		} else if (strncmp(msg, "SPARE ", 6) == 0) {
+			fz_spare(&st, msg + 6, fds, nfds, on_fiber, arg);
 		} else {
 			fz_log("unknown control message %.32s%s; ignored", msg, "");
 			for (int i = 0; i < nfds; i++)

@@ -36,6 +36,19 @@
  * SIGSEGV), and the processes it starts end with it. The pid in CLONED is
  * the child's pid in the zygote's namespace; the pidfd names it for fiberd.
  *
+ * Spares: fz_serve says "READY spares". On "SPARE <name>" it forks a spare,
+ * a child that does the set-up above that needs no identity (parent-death
+ * signal, session, isolation), closes the control socket and blocks on one
+ * end of a new SOCK_SEQPACKET pair; the zygote sends fiberd the other end
+ * with "SPARED <name> <pid>" (and a pidfd). fiberd then puts the spare in
+ * its fiber's leaf and sends it "TAKE <fence> <payload-hex|->" with
+ * [listener] on that socket; the spare moves the listener to descriptor 3,
+ * sets the environment as above and calls on_fiber exactly as a cloned
+ * child does (nothing is answered). A spare whose socket fiberd
+ * closes exits 0. The zygote reaps spares like fibers and reports them
+ * with "EXITED <name> ...", also after they became fibers. See
+ * docs/templates.md.
+ *
  * fz_serve reaps every child, so a fiber that crashes is reported as EXITED
  * and the zygote keeps serving. On Linux fz_serve also makes the zygote a
  * child subreaper, so processes a fiber started and left behind when it
