@@ -86,6 +86,11 @@ func nsinitMain() int {
 	if cfg.Probe == "fiber" {
 		return nsinitProbeFiber()
 	}
+	if !nsinitParentAlive() {
+		// fiberd died before the runtime set the parent-death signal: nothing
+		// would end this process, and no record of it was made.
+		return nsinitExitCode
+	}
 	if err := nsinitSetup(cfg); err != nil {
 		return fail("isolation set-up", err)
 	}
@@ -140,6 +145,30 @@ func nsinitMain() int {
 
 // report writes msg to the status descriptor (not wrapped in an os.File,
 // whose finalizer would close it).
+// nsinitParentAlive reports whether the fiberd that started nsinit still
+// reads its status pipe. The parent-death signal the runtime sets in the
+// child only covers a parent that dies after it is set, and the runtime's
+// own check of the parent after setting it (getppid against the pid it
+// forked from) cannot see the parent from the first process of a new PID
+// namespace, which reads 0 either way; so nsinit, which starts after the
+// signal is set, looks instead at the read end of its status pipe, which
+// only fiberd holds: a write end whose pipe has no reader left polls as an
+// error. fiberd keeps reading until nsinit execs or fails, so a live fiberd
+// always holds it here.
+func nsinitParentAlive() bool {
+	fds := []unix.PollFd{{Fd: nsinitStatusFD}}
+	for {
+		_, err := unix.Poll(fds, 0)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return false
+		}
+		return fds[0].Revents&(unix.POLLERR|unix.POLLNVAL) == 0
+	}
+}
+
 func report(msg string) {
 	_, _ = unix.Write(nsinitStatusFD, []byte(msg))
 }
