@@ -9,6 +9,7 @@ import (
 	"io/fs"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -233,7 +234,11 @@ func (p *Proc) Park(ctx context.Context, req ParkRequest) (img Image, err error)
 	cmd := cr.command(ctx, cr.flags("dump", "-t", strconv.Itoa(f.pid), "-D", tmp, "-o", "dump.log",
 		"--tcp-close", "--skip-in-flight", "--manage-cgroups=ignore")...)
 	cmd.Dir = tmp
-	if out, rerr := cmd.CombinedOutput(); rerr != nil {
+	// criu leads a session of its own, recorded like a fiber without a
+	// leaf: what it forks during the dump has no parent-death signal, and
+	// a crash of fiberd would leave it; the next start ends the session.
+	cmd.SysProcAttr.Setsid = true
+	if out, rerr := runRecorded(cmd, z.recs); rerr != nil {
 		if ctx.Err() != nil {
 			return Image{}, wrap(fmt.Errorf("criu dump: %w", ctx.Err()))
 		}
@@ -853,4 +858,22 @@ func fileListener(f *os.File) (network, addr string, ino uint64) {
 	}
 	_ = rc.Control(func(fd uintptr) { network, addr, ino = listenerOf(int(fd)) })
 	return
+}
+
+// runRecorded runs cmd as CombinedOutput does, with a record of it in recs
+// (a nil recs records nothing) from its start until it has been waited for,
+// so that New's sweep after a crash of fiberd ends its session.
+func runRecorded(cmd *exec.Cmd, recs *procrec.Dir) ([]byte, error) {
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	var rec procrec.Record
+	if st, err := procrec.ReadStat(cmd.Process.Pid); err == nil {
+		rec, _ = recs.AddProcess(cmd.Process.Pid, st.Start)
+	}
+	err := cmd.Wait()
+	_ = rec.Remove()
+	return out.Bytes(), err
 }

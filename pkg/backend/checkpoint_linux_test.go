@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -1216,5 +1217,85 @@ func TestResumedFiberRecorded(t *testing.T) {
 	nextExit(t, p)
 	if has(r.Fiber.PID) {
 		t.Fatalf("the ended resumed fiber's record is left: %v", records())
+	}
+}
+
+// TestParkRecordsCRIU: the criu of a park leads a session of its own and is
+// recorded in the grant's process records while it dumps, so the sweep after
+// a crash of fiberd ends what criu forked (which no parent-death signal
+// covers); the record is gone once the park returns.
+func TestParkRecordsCRIU(t *testing.T) {
+	real := criuForTest(t)
+	counterC(t)
+	// A criu that says where it is, then waits a little before it dumps.
+	dir := t.TempDir()
+	seen := filepath.Join(dir, "criu-pid")
+	wrapper := filepath.Join(dir, "criu")
+	script := "#!/bin/sh\nif [ \"$1\" = dump ]; then echo $$ > " + seen + "; /bin/sleep 1; fi\nexec " + real + " \"$@\"\n"
+	if err := os.WriteFile(wrapper, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cfg := testConfig()
+	cfg.CRIU = wrapper
+	p, err := NewProc(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p.Close() })
+	if err := p.CheckpointSupport(ctxT(t)); err != nil {
+		t.Fatalf("CheckpointSupport: %v", err)
+	}
+	recs, err := procrec.Open(filepath.Join(t.TempDir(), "procs"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	uid := uidFor(t)
+	if err := p.Warm(ctxT(t), WarmRequest{Grant: core.Grant{UID: uid, Template: testTemplate}, Spec: kindC.spec(t), RunDir: t.TempDir(), Records: recs}); err != nil {
+		t.Fatal(err)
+	}
+	ep := listen(t, false)
+	f, err := p.Clone(ctxT(t), CloneRequest{Fence: fence(uid, 1), Listener: ep.file})
+	if err != nil {
+		t.Fatal(err)
+	}
+	counterOf(t, ep)
+	parked := make(chan error, 1)
+	go func() {
+		_, err := p.Park(ctxT(t), ParkRequest{Fence: f.Fence, Dir: filepath.Join(t.TempDir(), "img"), Template: testTemplate})
+		parked <- err
+	}()
+	var pid int
+	for deadline := time.Now().Add(10 * time.Second); pid == 0 && time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+		if b, err := os.ReadFile(seen); err == nil && len(b) > 0 && b[len(b)-1] == '\n' {
+			pid, _ = strconv.Atoi(strings.TrimSpace(string(b)))
+		}
+	}
+	if pid == 0 {
+		select {
+		case err := <-parked:
+			t.Fatalf("the park ran no criu dump: %v", err)
+		default:
+			t.Fatal("the park ran no criu dump")
+		}
+	}
+	if sid, err := unix.Getsid(pid); err != nil || sid != pid {
+		t.Errorf("criu %d is in session %d (%v), want a session of its own", pid, sid, err)
+	}
+	ents, _ := os.ReadDir(recs.Path())
+	var names []string
+	for _, e := range ents {
+		names = append(names, e.Name())
+	}
+	if !slices.ContainsFunc(names, func(n string) bool { return strings.HasPrefix(n, fmt.Sprintf("p-%d-", pid)) }) {
+		t.Errorf("criu %d is not recorded while it dumps: %v", pid, names)
+	}
+	if err := <-parked; err != nil {
+		t.Fatal(err)
+	}
+	ents, _ = os.ReadDir(recs.Path())
+	for _, e := range ents {
+		if strings.HasPrefix(e.Name(), fmt.Sprintf("p-%d-", pid)) {
+			t.Errorf("criu's record %s outlived the park", e.Name())
+		}
 	}
 }
