@@ -262,7 +262,7 @@ func measure(ctx context.Context, o options, p *progress, log logr.Logger, kube 
 		row.Measured, row.SamplesMs, row.Summary = true, samples, Summarize(samples)
 		latency[m.mode] = row
 	}
-	if err := measureIsolated(ctx, work, tpl, o, p, log, latency); err != nil {
+	if err := measureIsolated(ctx, work, ag, tpl, o, p, log, latency); err != nil {
 		return err
 	}
 	spares, err := measureSpares(ctx, work, tpl, o, p, log, latency, res)
@@ -390,9 +390,13 @@ func measure(ctx context.Context, o options, p *progress, log logr.Logger, kube 
 // measureIsolated measures clone to first byte of the warm C and Python
 // templates on a second agent whose backends isolate every fiber
 // (-isolation fiber, fiberd's default on a standalone host), into the
-// isolated rows of latency. Where the host does not isolate (not root)
-// the rows say why.
-func measureIsolated(ctx context.Context, work string, k *kit, o options, p *progress, log logr.Logger, latency map[string]LatencyRow) error {
+// isolated rows of latency. Each isolated sample is taken next to one of
+// the same template on plain, the agent without isolation, in alternating
+// order, so drift on a shared machine (which moves a p50 by more than what
+// isolation costs) falls on both alike; the row's IsolationCost is the
+// summary of those paired differences. Where the host does not isolate
+// (not root) the rows say why.
+func measureIsolated(ctx context.Context, work string, plain *agentRig, k *kit, o options, p *progress, log logr.Logger, latency map[string]LatencyRow) error {
 	modes := []struct{ mode, tmpl string }{{modeWarmCIso, tplWarmC}, {modeWarmPyIso, tplWarmPy}}
 	what := "as without isolation; each grant a user and namespaces of its own, each fiber its own PID namespace and /tmp"
 	var names []string
@@ -424,15 +428,61 @@ func measureIsolated(ctx context.Context, work string, k *kit, o options, p *pro
 			latency[m.mode] = row
 			continue
 		}
-		p.Phasef("clone to first byte: %s (%d samples)", m.mode, o.n)
-		samples, err := ag.latency(ctx, uid, o.n, p.Counter(o.n))
+		plainUID, ok := plain.uids[m.tmpl]
+		if !ok {
+			return fmt.Errorf("%s: the agent without isolation has no grant of %s", m.mode, m.tmpl)
+		}
+		p.Phasef("clone to first byte: %s, in alternation with the same template without isolation (%d pairs)", m.mode, o.n)
+		samples, deltas, err := pairedLatency(ctx, plain, plainUID, ag, uid, o.n, p.Counter(o.n))
 		if err != nil {
 			return fmt.Errorf("%s: %w", m.mode, err)
 		}
-		row.Measured, row.SamplesMs, row.Summary = true, samples, Summarize(samples)
+		cost := Summarize(deltas)
+		row.Measured, row.SamplesMs, row.Summary, row.IsolationCost = true, samples, Summarize(samples), &cost
+		row.Note = fmt.Sprintf("isolation adds p50 %s ms (paired differences with the same template without isolation, cloned in alternation)", signed(cost.P50))
 		latency[m.mode] = row
 	}
 	return nil
+}
+
+// pairedLatency takes n pairs of clone-to-first-byte samples, one of uidA
+// on a and one of uidB on b, alternating which goes first, and returns b's
+// samples and the differences b - a of each pair.
+func pairedLatency(ctx context.Context, a *agentRig, uidA string, b *agentRig, uidB string, n int, tick func()) (bSamples, deltas []float64, err error) {
+	one := func(r *agentRig, uid string) (float64, error) {
+		d, id, _, err := firstByte(ctx, r.client, uid, false)
+		if err != nil {
+			_ = release(r.client, id)
+			return 0, err
+		}
+		return Ms(d), release(r.client, id)
+	}
+	for i := range n {
+		var da, db float64
+		if i%2 == 0 {
+			if da, err = one(a, uidA); err == nil {
+				db, err = one(b, uidB)
+			}
+		} else {
+			if db, err = one(b, uidB); err == nil {
+				da, err = one(a, uidA)
+			}
+		}
+		if err != nil {
+			return nil, nil, err
+		}
+		bSamples, deltas = append(bSamples, db), append(deltas, db-da)
+		tick()
+	}
+	return bSamples, deltas, nil
+}
+
+// signed formats a difference with its sign.
+func signed(ms float64) string {
+	if ms >= 0 {
+		return "+" + num(ms)
+	}
+	return num(ms)
 }
 
 // latencyRows orders the rows and fills the ratios to warm C.

@@ -77,6 +77,10 @@ type LatencyRow struct {
 	RatioP99 float64 `json:"ratioP99"`
 	// SamplesMs are the raw samples, for the plots.
 	SamplesMs []float64 `json:"samplesMs,omitempty"`
+	// IsolationCost, on the isolated rows, summarises the differences
+	// between each isolated sample and one of the same template without
+	// isolation taken next to it (see measureIsolated).
+	IsolationCost *Summary `json:"isolationCostMs,omitempty"`
 }
 
 // BurstRow is a burst of Size concurrent clones of one mode.
