@@ -59,7 +59,7 @@ func counterC(tb testing.TB) string {
 		if buildErr != nil {
 			return
 		}
-		out, err := exec.Command("../../sdk/zygote/c/build.sh", buildDir, "../../examples/templates/c/counter.c", "testdata/attacker.c").CombinedOutput()
+		out, err := exec.Command("../../sdk/zygote/c/build.sh", buildDir, "../../examples/templates/c/counter.c", "testdata/attacker.c", "testdata/failingspare.c").CombinedOutput()
 		if err != nil {
 			buildErr = fmt.Errorf("build.sh: %v\n%s", err, out)
 		}
@@ -68,6 +68,12 @@ func counterC(tb testing.TB) string {
 		tb.Fatal(buildErr)
 	}
 	return filepath.Join(buildDir, "counter")
+}
+
+// failingSpareC is testdata/failingspare.c built with the C SDK (see
+// counterC).
+func failingSpareC(tb testing.TB) string {
+	return filepath.Join(filepath.Dir(counterC(tb)), "failingspare")
 }
 
 // attackerC is testdata/attacker.c built with the C SDK (see counterC).

@@ -92,12 +92,37 @@ func TestSpareTakeAndReplace(t *testing.T) {
 			if filepath.Base(m["cgroup"]) != filepath.Base(leaf) {
 				t.Fatalf("the taken spare runs in cgroup %q, want its leaf %s", m["cgroup"], leaf)
 			}
+			// A second take, with no payload: what the spare rehearsed
+			// (the SDK sets the fiber's environment on placeholders) is
+			// not the fiber's either.
+			before2 := readySpares(t, p, uid, 2)
+			ep2 := listen(t, true)
+			f2, err := p.Clone(ctx, CloneRequest{Fence: fence(uid, 2), Listener: ep2.file})
+			if err != nil {
+				t.Fatalf("Clone: %v", err)
+			}
+			if !slices.Contains(before2, f2.PID) {
+				t.Fatalf("the second Clone's pid %d is not one of the spares %v: it forked", f2.PID, before2)
+			}
+			body, err = get(ep2, "/")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if m := fields(body); m["fence"] != fence(uid, 2).String() || m["payload"] != "-" || m["pid"] != strconv.Itoa(f2.PID) || m["count"] != "1" {
+				t.Fatalf("the second taken spare serves %q", body)
+			}
+			if err := p.Kill(ctx, f2.Fence); err != nil {
+				t.Fatal(err)
+			}
+			if e := nextExit(t, p); e.Fence != f2.Fence {
+				t.Fatalf("exit = %+v, want the second taken fiber's", e)
+			}
 			after := readySpares(t, p, uid, 2)
-			if slices.Contains(after, f.PID) {
+			if slices.Contains(after, f.PID) || slices.Contains(after, f2.PID) {
 				t.Fatalf("spares %v still list the taken one %d", after, f.PID)
 			}
-			if st := p.Spares(uid); st.Taken != 1 {
-				t.Fatalf("Spares = %+v, want Taken 1", st)
+			if st := p.Spares(uid); st.Taken != 2 {
+				t.Fatalf("Spares = %+v, want Taken 2", st)
 			}
 			if err := p.Kill(ctx, core.Fence{GrantUID: uid, Epoch: 1, Seq: 99}); err == nil {
 				t.Fatal("Kill of a fence never cloned succeeded")
@@ -348,32 +373,44 @@ func TestSparesRunOut(t *testing.T) {
 }
 
 // TestSparesGiveUp checks that spares that keep dying (here: their
-// rehearsal raises) are replaced only maxSpareFailures times in a row, that
-// the grant then reports Failed and Clones fork, and that SetSpares tries
-// again.
+// rehearsal fails, in each SDK) are replaced only maxSpareFailures times in
+// a row, that the grant then reports Failed and Clones fork, and that
+// SetSpares tries again.
 func TestSparesGiveUp(t *testing.T) {
-	py := python(t)
-	p := newProc(t)
-	uid := uidFor(t)
-	spec := template.Spec{Command: py, Args: []string{"-u", abs(t, "testdata/failingspare.py")},
-		Env: map[string]string{"PYTHONPATH": abs(t, "../../sdk/zygote/python")}, Zygote: true}
-	warm(t, p, uid, spec, "")
-	p.SetSpares(uid, 2, 8)
-	eventually(t, "spares given up", func() bool { st := p.Spares(uid); return st.Failed && st.Want == 0 && st.Ready == 0 })
-	if st := p.Spares(uid); !st.Supported || st.Taken != 0 {
-		t.Fatalf("Spares = %+v", st)
+	for _, tc := range []struct {
+		name string
+		spec func(t *testing.T) template.Spec
+	}{
+		{"c", func(t *testing.T) template.Spec {
+			return template.Spec{Command: failingSpareC(t), Zygote: true}
+		}},
+		{"python", func(t *testing.T) template.Spec {
+			return template.Spec{Command: python(t), Args: []string{"-u", abs(t, "testdata/failingspare.py")},
+				Env: map[string]string{"PYTHONPATH": abs(t, "../../sdk/zygote/python")}, Zygote: true}
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := newProc(t)
+			uid := uidFor(t)
+			warm(t, p, uid, tc.spec(t), "")
+			p.SetSpares(uid, 2, 8)
+			eventually(t, "spares given up", func() bool { st := p.Spares(uid); return st.Failed && st.Want == 0 && st.Ready == 0 })
+			if st := p.Spares(uid); !st.Supported || st.Taken != 0 {
+				t.Fatalf("Spares = %+v", st)
+			}
+			ep := listen(t, true)
+			f, err := p.Clone(ctxT(t), CloneRequest{Fence: fence(uid, 1), Listener: ep.file})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if body, err := get(ep, "/"); err != nil || fields(body)["fence"] != f.Fence.String() {
+				t.Fatalf("forked fiber answers %q, %v", body, err)
+			}
+			p.SetSpares(uid, 2, 8)
+			if st := p.Spares(uid); st.Failed {
+				t.Fatalf("Spares after SetSpares = %+v, want the failures forgotten", st)
+			}
+			eventually(t, "spares given up again", func() bool { return p.Spares(uid).Failed })
+		})
 	}
-	ep := listen(t, true)
-	f, err := p.Clone(ctxT(t), CloneRequest{Fence: fence(uid, 1), Listener: ep.file})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if body, err := get(ep, "/"); err != nil || fields(body)["fence"] != f.Fence.String() {
-		t.Fatalf("forked fiber answers %q, %v", body, err)
-	}
-	p.SetSpares(uid, 2, 8)
-	if st := p.Spares(uid); st.Failed {
-		t.Fatalf("Spares after SetSpares = %+v, want the failures forgotten", st)
-	}
-	eventually(t, "spares given up again", func() bool { return p.Spares(uid).Failed })
 }

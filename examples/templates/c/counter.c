@@ -157,6 +157,47 @@ static void dirty(int c, long mib)
 	reply(c, body);
 }
 
+/* Read one request from c and answer it (the special paths above, or the
+ * count). count is the fiber's, bumped by a counted request. */
+static void answer(int c, const char *fence, const char *payload, const char *cg, unsigned long *count)
+{
+	char req[4096];
+	size_t got = 0;
+	while (got < sizeof(req) - 1) {
+		ssize_t n = read(c, req + got, sizeof(req) - 1 - got);
+		if (n <= 0)
+			break;
+		got += (size_t)n;
+		req[got] = 0;
+		if (strstr(req, "\r\n\r\n"))
+			break;
+	}
+	req[got] = 0;
+	if (strncmp(req, "GET /crash ", 11) == 0)
+		abort();
+	if (strncmp(req, "GET /exit/", 10) == 0)
+		exit(atoi(req + 10));
+	if (strncmp(req, "GET /orphan ", 12) == 0 || strncmp(req, "GET /orphan/pgrp ", 17) == 0)
+		orphan(c, req[11] == '/');
+	if (strncmp(req, "GET /child ", 11) == 0) {
+		child(c);
+		return;
+	}
+	if (strncmp(req, "GET /dirty/", 11) == 0) {
+		dirty(c, atol(req + 11));
+		return;
+	}
+	(*count)++;
+	char body[2048], out[4096];
+	int bl = snprintf(body, sizeof(body), "fence=%s pid=%d count=%lu payload=%.1024s cgroup=%s\n", fence,
+			  (int)getpid(), *count, payload ? payload : "-", cg);
+	int ol = snprintf(out, sizeof(out),
+			  "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s",
+			  bl, body);
+	if (write(c, out, (size_t)ol) < 0) { /* the client went away */ }
+	close(c);
+}
+
 static int serve(const char *fence)
 {
 	unsigned long count = 0;
@@ -180,42 +221,33 @@ static int serve(const char *fence)
 			perror("counter: accept");
 			return 1;
 		}
-		char req[4096];
-		size_t got = 0;
-		while (got < sizeof(req) - 1) {
-			ssize_t n = read(c, req + got, sizeof(req) - 1 - got);
-			if (n <= 0)
-				break;
-			got += (size_t)n;
-			req[got] = 0;
-			if (strstr(req, "\r\n\r\n"))
-				break;
-		}
-		req[got] = 0;
-		if (strncmp(req, "GET /crash ", 11) == 0)
-			abort();
-		if (strncmp(req, "GET /exit/", 10) == 0)
-			exit(atoi(req + 10));
-		if (strncmp(req, "GET /orphan ", 12) == 0 || strncmp(req, "GET /orphan/pgrp ", 17) == 0)
-			orphan(c, req[11] == '/');
-		if (strncmp(req, "GET /child ", 11) == 0) {
-			child(c);
-			continue;
-		}
-		if (strncmp(req, "GET /dirty/", 11) == 0) {
-			dirty(c, atol(req + 11));
-			continue;
-		}
-		count++;
-		char body[2048], out[4096];
-		int bl = snprintf(body, sizeof(body), "fence=%s pid=%d count=%lu payload=%.1024s cgroup=%s\n", fence,
-				  (int)getpid(), count, payload ? payload : "-", cg);
-		int ol = snprintf(out, sizeof(out),
-				  "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s",
-				  bl, body);
-		if (write(c, out, (size_t)ol) < 0) { /* the client went away */ }
-		close(c);
+		answer(c, fence, payload, cg, &count);
 	}
+}
+
+/* Run in every spare before it waits (fz_serve_spares' on_spare): answer
+ * one request over a socketpair as a fiber would, so the code and pages a
+ * first request touches are mapped before the Clone, not after it. Nothing
+ * leaves the process. */
+static int rehearse(void *arg)
+{
+	(void)arg;
+	int sv[2];
+	char cg[512], buf[512];
+	unsigned long count = 0;
+	static const char req[] = "GET / HTTP/1.1\r\nHost: rehearsal\r\n\r\n";
+	if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) < 0)
+		return 0; /* nothing rehearsed; the fiber pays on its first request */
+	own_cgroup(cg, sizeof(cg));
+	if (write(sv[1], req, sizeof(req) - 1) == (ssize_t)(sizeof(req) - 1)) {
+		answer(sv[0], "-", NULL, cg, &count); /* closes sv[0] */
+		while (read(sv[1], buf, sizeof(buf)) > 0) {
+		}
+	} else {
+		close(sv[0]);
+	}
+	close(sv[1]);
+	return 0;
 }
 
 static int on_fiber(const struct fz_fiber *f, void *arg)
@@ -244,7 +276,7 @@ int main(int argc, char **argv)
 		const char *fence = getenv("FIBERD_FENCE");
 		return serve(fence ? fence : "-");
 	}
-	if (fz_serve(FZ_CONTROL_FD, on_fiber, NULL) < 0)
+	if (fz_serve_spares(FZ_CONTROL_FD, on_fiber, rehearse, NULL) < 0)
 		return 2;
 	return 0;
 }

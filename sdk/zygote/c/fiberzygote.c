@@ -484,6 +484,33 @@ static int fz_send_fds(int sock, const char *msg, const int *fds, int nfds)
  * too is entered), finishes the set-up and becomes the fiber. Nothing is
  * answered: a spare that cannot become the fiber says why on stderr and
  * exits 127. It exits 0 when fiberd closes the socket first. */
+/* fz_rehearse runs in a spare before it waits: what fz_spare_wait and
+ * fz_child_finish will do after TAKE, on values of its own (parse a TAKE,
+ * decode a payload, format the pid, set and unset the environment, read the
+ * signal mask), so the pages that touches (libc's code, which a forked
+ * child maps only when it first runs it, and the heap and environment it
+ * shares with the zygote until it writes them) are mapped and copied now
+ * rather than on the Clone's path. No identity is set: the values are
+ * placeholders that TAKE overwrites. */
+static void fz_rehearse(void)
+{
+	char m[] = "TAKE -/0/0 00", buf[32];
+	unsigned char *payload = NULL;
+	size_t plen = 0;
+	sigset_t cur;
+	if (strncmp(m, "TAKE ", 5) == 0 && !memchr(m, 0, strlen(m))) {
+		char *fence = strtok(m + 5, " "), *hex = strtok(NULL, " ");
+		(void)strtok(NULL, " ");
+		if (fence && hex && strlen(fence) <= FZ_FENCE_MAX && fz_unhex(hex, &payload, &plen) == 0)
+			free(payload);
+	}
+	snprintf(buf, sizeof(buf), "%d", (int)getpid());
+	if (setenv("LISTEN_FDS", "1", 1) || setenv("LISTEN_PID", buf, 1) || setenv("FIBERD_FENCE", "-", 1) ||
+	    setenv("FIBERD_PAYLOAD", "00", 1)) { /* out of memory: the take will say so */ }
+	unsetenv("FIBERD_PAYLOAD");
+	sigprocmask(SIG_BLOCK, NULL, &cur);
+}
+
 static void fz_spare_wait(struct fz_state *st, int hs, fz_fiber_fn on_fiber, void *arg)
 {
 	static char msg[FZ_MSG_MAX + 1];
@@ -542,7 +569,8 @@ static void fz_spare_wait(struct fz_state *st, int hs, fz_fiber_fn on_fiber, voi
 /* fz_spare forks a spare on "SPARE <id>": a child set up as a fiber is,
  * but for its identity, blocked on a hand-over socket of its own whose
  * other end goes to fiberd with "SPARED <id> <pid>". */
-static void fz_spare(struct fz_state *st, char *args, int *fds, int nfds, fz_fiber_fn on_fiber, void *arg)
+static void fz_spare(struct fz_state *st, char *args, int *fds, int nfds, fz_fiber_fn on_fiber, fz_spare_fn on_spare,
+		     void *arg)
 {
 	char *id = strtok(args, " ");
 	char *extra = strtok(NULL, " ");
@@ -585,6 +613,11 @@ static void fz_spare(struct fz_state *st, char *args, int *fds, int nfds, fz_fib
 		close(sync[1]);
 		if (e)
 			_exit(127);
+		fz_rehearse();
+		if (on_spare && on_spare(arg) != 0) {
+			fz_log("spare %s: the template's rehearsal failed%s; exiting", id, "");
+			_exit(127);
+		}
 		fz_spare_wait(st, hs[1], on_fiber, arg);
 		_exit(127);
 	}
@@ -640,6 +673,11 @@ int fz_socket_activated(void)
 }
 
 int fz_serve(int control_fd, fz_fiber_fn on_fiber, void *arg)
+{
+	return fz_serve_spares(control_fd, on_fiber, NULL, arg);
+}
+
+int fz_serve_spares(int control_fd, fz_fiber_fn on_fiber, fz_spare_fn on_spare, void *arg)
 {
 	struct fz_state st = {.ctl = control_fd, .sfd = -1, .pidns = -1};
 	struct stat sb;
@@ -746,7 +784,7 @@ int fz_serve(int control_fd, fz_fiber_fn on_fiber, void *arg)
 		if (strncmp(msg, "CLONE ", 6) == 0) {
 			fz_clone(&st, msg + 6, fds, nfds, on_fiber, arg);
 		} else if (strncmp(msg, "SPARE ", 6) == 0) {
-			fz_spare(&st, msg + 6, fds, nfds, on_fiber, arg);
+			fz_spare(&st, msg + 6, fds, nfds, on_fiber, on_spare, arg);
 		} else {
 			fz_log("unknown control message %.32s%s; ignored", msg, "");
 			for (int i = 0; i < nfds; i++)

@@ -95,6 +95,22 @@ typedef int (*fz_fiber_fn)(const struct fz_fiber *fiber, void *arg);
  */
 int fz_serve(int control_fd, fz_fiber_fn on_fiber, void *arg);
 
+/* Runs in a spare before it waits; 0 when it went well. */
+typedef int (*fz_spare_fn)(void *arg);
+
+/*
+ * fz_serve_spares is fz_serve with a rehearsal: in every spare, once it is
+ * set up and before it waits for TAKE, it calls on_spare(arg) (when not
+ * NULL), where the template does what its fibers do first without effects
+ * outside the process, for instance answering one request over a
+ * socketpair, so the pages that touches are mapped and copied before the
+ * Clone instead of after it. on_spare must return; a spare whose rehearsal
+ * returns non-zero exits 127 (fiberd counts it as a spare that failed to
+ * start). The SDK rehearses its own part of the hand-over in every spare
+ * either way. fz_serve(fd, f, arg) is fz_serve_spares(fd, f, NULL, arg).
+ */
+int fz_serve_spares(int control_fd, fz_fiber_fn on_fiber, fz_spare_fn on_spare, void *arg);
+
 /*
  * fz_socket_activated reports whether the process was started by the exec
  * backend (or any systemd-style activator) with a listener on descriptor 3:
