@@ -25,6 +25,7 @@ The SDK is found on PYTHONPATH or, failing that, in the source tree.
 import argparse
 import os
 import socket
+import struct
 import sys
 import time
 
@@ -101,15 +102,35 @@ def own_cgroup():
 
 
 def rehearse():
-    """Run in every spare before it waits (fiberzygote's on_spare): answer
-    one request over a socketpair as a fiber would, so the pages a first
-    request touches are copied before the Clone, not after it. Nothing
-    leaves the process."""
-    a, b = socket.socketpair()
-    with a, b:
-        b.sendall(b"GET / HTTP/1.1\r\nHost: rehearsal\r\n\r\n")
-        Fiber("-").answer(a)
-        b.recv(65536)
+    """Run in every spare before it waits (fiberzygote's on_spare): serve
+    one request as a fiber would, through the same calls (a socket object
+    on a listening descriptor, accept, answer), on a listener of its own
+    that only this process connects to, so the pages a first request
+    touches are copied before the Clone, not after it.
+
+    The listener is a unix socket on an abstract address the kernel picks
+    (nothing on disk); a connection that is not this process's (another
+    process of the network namespace may find the address) is closed
+    unanswered, and after three such the rehearsal gives up: it must
+    return."""
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    cli = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    with srv, cli:
+        srv.bind("")  # autobind: an abstract address
+        srv.listen(4)
+        cli.connect(srv.getsockname())
+        cli.sendall(b"GET / HTTP/1.1\r\nHost: rehearsal\r\n\r\n")
+        listener = socket.socket(fileno=os.dup(srv.fileno()))
+        with listener:
+            for _ in range(3):
+                conn, _ = listener.accept()
+                with conn:
+                    pid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))[0]
+                    if pid != os.getpid():
+                        continue
+                    Fiber("-").answer(conn)
+                    cli.recv(65536)
+                    return
 
 
 def serve(fence):
