@@ -78,3 +78,32 @@ func TestSparesEpochBump(t *testing.T) {
 		t.Fatalf("spares renewed %d times after an epoch bump, want 1", n)
 	}
 }
+
+// TestSparesTemplateChange: a renewal that names another template ends the
+// old zygote with its spares (the grant is warmed again, of the new
+// template) and the new zygote keeps the renewal's fibers.warm.
+func TestSparesTemplateChange(t *testing.T) {
+	e := newEnv(t)
+	uid := e.deliver(e.mint("g1", warmFibers(2)))
+	if w, _, ok := e.warm.SpareSettings(uid); !ok || w != 2 {
+		t.Fatalf("spares before the change = %d (%v), want 2", w, ok)
+	}
+	other := writeTemplate(t, e.cfg.Templates, "other", `{"command":"/bin/false","zygote":true}`)
+	e.clk.Step(2 * time.Second)
+	e.home.lane <- homeAdded(uid, e.mint("g1", templ(other), warmFibers(3), maxFibers(10), issuedAt(e.clk.Now())))
+	e.eventually("the new template warm, with the renewal's spares", func() bool {
+		for _, g := range e.status().Grants {
+			if g.UID == uid && g.Warm && g.Template == other {
+				w, m, ok := e.warm.SpareSettings(uid)
+				return ok && w == 3 && m == 10
+			}
+		}
+		return false
+	})
+	if warms, _ := e.warm.Counts(); warms != 2 {
+		t.Fatalf("warms = %d, want 2: the new template is a new zygote", warms)
+	}
+	if sp := e.grantStatus(uid).Spares; sp == nil || sp.Warm != 3 || sp.Ready != 3 {
+		t.Fatalf("status spares after the change = %+v, want warm 3, 3 ready", sp)
+	}
+}
