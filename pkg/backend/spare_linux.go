@@ -14,6 +14,7 @@ import (
 
 	"fiberd.io/fiberd/pkg/cgroup"
 	"fiberd.io/fiberd/pkg/core"
+	"fiberd.io/fiberd/pkg/procrec"
 )
 
 // Spare fibers (the grant's fibers.warm).
@@ -65,6 +66,9 @@ type spare struct {
 	pidfd int // -1 when none; closed by whoever ends the spare's record
 	start uint64
 	conn  *net.UnixConn // the hand-over socket
+	// rec is the spare's process record (z.recs), made once it is spared
+	// and kept by the fiber it becomes, so that a take writes no file.
+	rec procrec.Record
 	// exited is the spare's end when the zygote reported it while the
 	// spare was being taken.
 	exited *ExitReason
@@ -270,6 +274,11 @@ func (z *zygote) spared(m message, fds []int) {
 		return
 	}
 	sp := &spare{name: m.fence, pid: pid, pidfd: pidfd, start: start, conn: conn}
+	if start != 0 {
+		if sp.rec, err = z.recs.AddProcess(pid, start); err != nil {
+			p.log.Error(err, "Spare not recorded: a crash of fiberd would leave what its fiber starts", "grant", z.uid, "spare", m.fence)
+		}
+	}
 	z.mu.Lock()
 	if z.cold || z.stopping {
 		z.mu.Unlock()
@@ -277,6 +286,7 @@ func (z *zygote) spared(m message, fds []int) {
 		if pidfd >= 0 {
 			_ = unix.Close(pidfd)
 		}
+		_ = sp.rec.Remove() // the zygote's end ends it
 		return
 	}
 	z.spares = append(z.spares, sp)
@@ -362,6 +372,9 @@ func (z *zygote) spareEnded(m message) (*fiber, bool) {
 	if sp.pidfd >= 0 {
 		_ = unix.Close(sp.pidfd) // the zygote reaped it
 	}
+	if err := sp.rec.Remove(); err != nil {
+		z.p.log.Error(err, "Spare record not removed", "grant", z.uid, "spare", sp.name)
+	}
 	if sp.dropped {
 		z.kick()
 		return nil, false
@@ -416,6 +429,7 @@ func (z *zygote) handOver(ctx context.Context, sp *spare, req CloneRequest, pc *
 		} else {
 			_ = syscall.Kill(-sp.pid, syscall.SIGKILL)
 		}
+		_ = sp.rec.Remove()
 		return nil, err
 	}
 	if req.Leaf != "" {
@@ -450,6 +464,11 @@ func (z *zygote) handOver(ctx context.Context, sp *spare, req CloneRequest, pc *
 	f := newFiber(req.Fence, sp.pid, req.Leaf)
 	f.pidfd = sp.pidfd
 	f.level = fiberLevel(z.level, sp.pid, z.proc.Pid)
+	// The spare's record is the fiber's now, set before the fiber is
+	// published (also in a leaf, where the cgroup would do: keeping it
+	// costs nothing on the Clone's path, removing it a file operation);
+	// it is removed when the fiber is reaped.
+	f.rec = sp.rec
 	z.mu.Lock()
 	delete(z.taking, sp.name)
 	if z.pending[fs] != pc {
@@ -461,6 +480,7 @@ func (z *zygote) handOver(ctx context.Context, sp *spare, req CloneRequest, pc *
 		_ = f.signal(kctx)
 		cancel()
 		f.closePidfd()
+		_ = f.rec.Remove()
 		return nil, fmt.Errorf("zygote ended: %w", ErrCold)
 	}
 	delete(z.pending, fs)
@@ -473,13 +493,6 @@ func (z *zygote) handOver(ctx context.Context, sp *spare, req CloneRequest, pc *
 	z.spareFails = 0
 	z.lastTake = p.cfg.Clock.Now()
 	z.mu.Unlock()
-	if req.Leaf == "" && sp.start != 0 {
-		rec, err := z.recs.AddProcess(sp.pid, sp.start)
-		if err != nil {
-			p.log.Error(err, "Fiber not recorded: a crash of fiberd would leave what it started", "fence", fs)
-		}
-		f.rec = rec
-	}
 	if exited != nil {
 		// It ended as soon as it was taken (the zygote reaped it).
 		f.closePidfd()
@@ -497,6 +510,7 @@ func (z *zygote) sparesOfDeadZygoteLocked() []*fiber {
 		_ = sp.conn.Close()
 		f := newFiber(core.Fence{GrantUID: z.uid}, sp.pid, "")
 		f.pidfd = sp.pidfd
+		f.rec = sp.rec // removed with it
 		f.silent.Store(true)
 		f.killed.Store(true)
 		out = append(out, f)

@@ -3,6 +3,7 @@ package backend
 import (
 	"encoding/hex"
 	"fmt"
+	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -12,6 +13,7 @@ import (
 	"time"
 
 	"fiberd.io/fiberd/pkg/core"
+	"fiberd.io/fiberd/pkg/procrec"
 	"fiberd.io/fiberd/pkg/template"
 )
 
@@ -413,4 +415,78 @@ func TestSparesGiveUp(t *testing.T) {
 			eventually(t, "spares given up again", func() bool { return p.Spares(uid).Failed })
 		})
 	}
+}
+
+// TestSparesRecorded checks that every waiting spare has a process record
+// (so the sweep after a crash of fiberd finds it), that the spare a Clone
+// takes keeps its record as the fiber's until the fiber ends, and that
+// Stop leaves no record of a spare.
+func TestSparesRecorded(t *testing.T) {
+	p := newProc(t)
+	recs, err := procrec.Open(filepath.Join(t.TempDir(), "procs"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	uid := uidFor(t)
+	if err := p.Warm(ctxT(t), WarmRequest{Grant: core.Grant{UID: uid, Template: testTemplate}, Spec: kindC.spec(t), RunDir: t.TempDir(), Records: recs}); err != nil {
+		t.Fatal(err)
+	}
+	recorded := func() map[int]bool {
+		out := map[int]bool{}
+		ents, _ := os.ReadDir(recs.Path())
+		for _, e := range ents {
+			var pid int
+			var start uint64
+			if n, _ := fmt.Sscanf(e.Name(), "p-%d-%d", &pid, &start); n == 2 {
+				out[pid] = true
+			}
+		}
+		return out
+	}
+	p.SetSpares(uid, 2, 10)
+	spares := readySpares(t, p, uid, 2)
+	for _, pid := range spares {
+		if !recorded()[pid] {
+			t.Fatalf("spare %d has no record (records: %v)", pid, recorded())
+		}
+	}
+	ep := listen(t, true)
+	f, err := p.Clone(ctxT(t), CloneRequest{Fence: fence(uid, 1), Listener: ep.file})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Contains(spares, f.PID) {
+		t.Fatalf("Clone's pid %d is not one of the spares %v", f.PID, spares)
+	}
+	if _, err := get(ep, "/"); err != nil {
+		t.Fatal(err)
+	}
+	if !recorded()[f.PID] {
+		t.Fatalf("the taken spare %d lost its record", f.PID)
+	}
+	if err := p.Kill(ctxT(t), f.Fence); err != nil {
+		t.Fatal(err)
+	}
+	if e := nextExit(t, p); e.Fence != f.Fence {
+		t.Fatalf("exit = %+v, want the taken fiber's", e)
+	}
+	if recorded()[f.PID] {
+		t.Fatalf("the ended fiber %d is still recorded", f.PID)
+	}
+	after := readySpares(t, p, uid, 2)
+	if err := p.Stop(ctxT(t), uid); err != nil {
+		t.Fatal(err)
+	}
+	for _, pid := range after {
+		waitGone(t, pid)
+	}
+	eventually(t, "no spare recorded after Stop", func() bool {
+		r := recorded()
+		for _, pid := range append(after, spares...) {
+			if r[pid] {
+				return false
+			}
+		}
+		return true
+	})
 }
