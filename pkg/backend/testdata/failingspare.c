@@ -18,7 +18,7 @@ static int on_fiber(const struct fz_fiber *f, void *arg)
 	for (;;) {
 		int c = accept(FZ_LISTEN_FD, NULL, NULL);
 		if (c < 0)
-			continue;
+			return 1;
 		char req[4096], body[256], out[512];
 		if (read(c, req, sizeof(req)) < 0) { /* answered anyway */ }
 		int bl = snprintf(body, sizeof(body), "fence=%s\n", f->fence);

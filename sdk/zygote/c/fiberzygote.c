@@ -478,12 +478,6 @@ static int fz_send_fds(int sock, const char *msg, const int *fds, int nfds)
 	return n < 0 ? -1 : 0;
 }
 
-/* fz_spare_wait runs in a spare, set up but for its identity: it blocks on
- * its hand-over socket until fiberd takes it (TAKE <fence> <payload-hex|->
- * with [listener], fiberd having put it in its leaf already; a leaf sent
- * too is entered), finishes the set-up and becomes the fiber. Nothing is
- * answered: a spare that cannot become the fiber says why on stderr and
- * exits 127. It exits 0 when fiberd closes the socket first. */
 /* fz_rehearse runs in a spare before it waits: what fz_spare_wait and
  * fz_child_finish will do after TAKE, on values of its own (parse a TAKE,
  * decode a payload, format the pid, set and unset the environment, read the
@@ -511,6 +505,12 @@ static void fz_rehearse(void)
 	sigprocmask(SIG_BLOCK, NULL, &cur);
 }
 
+/* fz_spare_wait runs in a spare, set up but for its identity: it blocks on
+ * its hand-over socket until fiberd takes it (TAKE <fence> <payload-hex|->
+ * with [listener], fiberd having put it in its leaf already; a leaf sent
+ * too is entered), finishes the set-up and becomes the fiber. Nothing is
+ * answered: a spare that cannot become the fiber says why on stderr and
+ * exits 127. It exits 0 when fiberd closes the socket first. */
 static void fz_spare_wait(struct fz_state *st, int hs, fz_fiber_fn on_fiber, void *arg)
 {
 	static char msg[FZ_MSG_MAX + 1];
