@@ -389,18 +389,25 @@ func release(c *client.Client, id string) error {
 func (r *agentRig) latency(ctx context.Context, uid string, n int, tick func()) ([]float64, error) {
 	out := make([]float64, 0, n)
 	for range n {
-		d, id, _, err := firstByte(ctx, r.client, uid, false)
+		ms, err := r.sample(ctx, uid)
 		if err != nil {
-			_ = release(r.client, id)
 			return nil, err
 		}
-		out = append(out, Ms(d))
-		if err := release(r.client, id); err != nil {
-			return nil, err
-		}
+		out = append(out, ms)
 		tick()
 	}
 	return out, nil
+}
+
+// sample is one clone of uid to its first byte, in milliseconds; the
+// fiber is released after the timer, also when the clone failed.
+func (r *agentRig) sample(ctx context.Context, uid string) (float64, error) {
+	d, id, _, err := firstByte(ctx, r.client, uid, false)
+	if err != nil {
+		_ = release(r.client, id)
+		return 0, err
+	}
+	return Ms(d), release(r.client, id)
 }
 
 // burst runs rounds bursts of size concurrent clones.

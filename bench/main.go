@@ -449,29 +449,19 @@ func measureIsolated(ctx context.Context, work string, plain *agentRig, k *kit, 
 // on a and one of uidB on b, alternating which goes first, and returns b's
 // samples and the differences b - a of each pair.
 func pairedLatency(ctx context.Context, a *agentRig, uidA string, b *agentRig, uidB string, n int, tick func()) (bSamples, deltas []float64, err error) {
-	one := func(r *agentRig, uid string) (float64, error) {
-		d, id, _, err := firstByte(ctx, r.client, uid, false)
-		if err != nil {
-			_ = release(r.client, id)
-			return 0, err
-		}
-		return Ms(d), release(r.client, id)
-	}
 	for i := range n {
-		var da, db float64
-		if i%2 == 0 {
-			if da, err = one(a, uidA); err == nil {
-				db, err = one(b, uidB)
+		var pair [2]float64 // a's, b's
+		for k := range 2 {
+			j := k ^ i%2 // which goes first alternates
+			r, uid := a, uidA
+			if j == 1 {
+				r, uid = b, uidB
 			}
-		} else {
-			if db, err = one(b, uidB); err == nil {
-				da, err = one(a, uidA)
+			if pair[j], err = r.sample(ctx, uid); err != nil {
+				return nil, nil, err
 			}
 		}
-		if err != nil {
-			return nil, nil, err
-		}
-		bSamples, deltas = append(bSamples, db), append(deltas, db-da)
+		bSamples, deltas = append(bSamples, pair[1]), append(deltas, pair[1]-pair[0])
 		tick()
 	}
 	return bSamples, deltas, nil

@@ -47,6 +47,21 @@ func readySpares(tb testing.TB, p *Proc, uid string, n int) []int {
 	return p.SparePIDs(uid)
 }
 
+// cloneServes clones f on b to a new unix listener and fails t unless the
+// fiber answers a GET with its fence; what names the fiber in the failure.
+func cloneServes(t *testing.T, b Backend, f core.Fence, what string) Fiber {
+	t.Helper()
+	ep := listen(t, true)
+	fb, err := b.Clone(ctxT(t), CloneRequest{Fence: f, Listener: ep.file})
+	if err != nil {
+		t.Fatalf("%s: Clone: %v", what, err)
+	}
+	if body, err := get(ep, "/"); err != nil || fields(body)["fence"] != fb.Fence.String() {
+		t.Fatalf("%s answers %q, %v", what, body, err)
+	}
+	return fb
+}
+
 // TestSpareTakeAndReplace checks that with spares a Clone hands a spare
 // the fiber (its pid is a spare's, it serves its own fence, payload and
 // cgroup leaf), that the spare is replaced, that spares are not fibers
@@ -174,14 +189,7 @@ func TestSpareDies(t *testing.T) {
 				t.Fatalf("an Exit for a spare: %+v", e)
 			default:
 			}
-			ep := listen(t, true)
-			f, err := p.Clone(ctxT(t), CloneRequest{Fence: fence(uid, 1), Listener: ep.file})
-			if err != nil {
-				t.Fatal(err)
-			}
-			if body, err := get(ep, "/"); err != nil || fields(body)["fence"] != f.Fence.String() {
-				t.Fatalf("fiber after a spare's death answers %q, %v", body, err)
-			}
+			cloneServes(t, p, fence(uid, 1), "fiber after a spare's death")
 		})
 	}
 }
@@ -400,14 +408,7 @@ func TestSparesGiveUp(t *testing.T) {
 			if st := p.Spares(uid); !st.Supported || st.Taken != 0 {
 				t.Fatalf("Spares = %+v", st)
 			}
-			ep := listen(t, true)
-			f, err := p.Clone(ctxT(t), CloneRequest{Fence: fence(uid, 1), Listener: ep.file})
-			if err != nil {
-				t.Fatal(err)
-			}
-			if body, err := get(ep, "/"); err != nil || fields(body)["fence"] != f.Fence.String() {
-				t.Fatalf("forked fiber answers %q, %v", body, err)
-			}
+			cloneServes(t, p, fence(uid, 1), "forked fiber")
 			p.SetSpares(uid, 2, 8)
 			if st := p.Spares(uid); st.Failed {
 				t.Fatalf("Spares after SetSpares = %+v, want the failures forgotten", st)
