@@ -207,9 +207,8 @@ class _Isolation:
             for d in scratch
         ) + (
             ("clear ambient capabilities", prctl, (_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)),
-            ("capset", capset, (ct.addressof(hdr), ct.addressof(data))),
+            ("capset", capset, (hdr, data)),
         )
-        self._keep = (hdr, data)  # the addresses above point into these
         self.pidns = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
 
     def _check(self, what, ret):
