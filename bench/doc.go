@@ -9,6 +9,15 @@
 //	go run ./bench -skip-kube ...                             # without kube-apiserver and etcd
 //	go run ./bench -only-node -out /tmp/bench-node            # the real-node comparison alone
 //
+// First, before fiberd starts, the host floor: what this machine charges
+// any design of fibers, measured by bench/testdata/hostfloor.c (built with
+// cc): processes forked, exited and reaped per second (one loop, and one per
+// CPU at once), a copy-on-write fault, the round trip to a process blocked
+// in read (back to back and after 200 ms idle), and a walk through 256 KiB
+// of memory (back to back and after 200 ms idle). Every Clone makes one
+// process, so the fork rate is a ceiling on any closed loop; the idle
+// samples say how cold a spare woken on an idle machine finds the caches.
+//
 // What it measures, through the real agent (pkg/fiberd in this process,
 // with the standalone home, called over its unix socket with pkg/client):
 //
@@ -53,6 +62,7 @@
 // -skip-kube is given, which marks those rows "not measured".
 //
 // The program reads the wall clock: timing is what it is for. Its pure
-// parts (percentiles, tables, the smaps and metrics parsers) are tested by
-// go test ./bench.
+// parts (percentiles, tables, the smaps, metrics and host floor parsers)
+// are tested by go test ./bench, which also builds and runs the host floor
+// probe briefly.
 package main

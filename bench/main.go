@@ -18,6 +18,7 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/go-logr/logr/funcr"
 
+	"fiberd.io/fiberd/internal/devkit"
 	"fiberd.io/fiberd/pkg/backend"
 	"fiberd.io/fiberd/pkg/core"
 )
@@ -211,6 +212,28 @@ func run(ctx context.Context, args []string, stderr io.Writer) int {
 	return 0
 }
 
+// measureHostFloor runs bench/testdata/hostfloor.c into res.Floor: 2 s
+// fork loops and 15 samples 200 ms apart (0.5 s and 3 with -quick).
+func measureHostFloor(ctx context.Context, work string, o options, p *progress, res *Result) error {
+	secs, samples := 2.0, 15
+	if o.quick {
+		secs, samples = 0.5, 3
+	}
+	root, err := devkit.FindCheckout()
+	if err != nil {
+		return err
+	}
+	p.Phasef("host floor: forks per second, a copy-on-write fault, waking a process, caches after idling (bench/testdata/hostfloor.c)")
+	res.Floor, err = measureFloor(ctx, root, filepath.Join(work, "bin"), secs, samples, 200*time.Millisecond)
+	if err != nil {
+		return fmt.Errorf("host floor: %w", err)
+	}
+	if !res.Floor.Measured {
+		res.Warnings = append(res.Warnings, "the host floor was not measured: "+res.Floor.Note)
+	}
+	return nil
+}
+
 // measure runs every phase into res.
 func measure(ctx context.Context, o options, p *progress, log logr.Logger, kube *kubeTools, res *Result) error {
 	work, err := os.MkdirTemp("", "fiberd-bench-")
@@ -227,6 +250,9 @@ func measure(ctx context.Context, o options, p *progress, log logr.Logger, kube 
 			return errors.New("the real-node comparison was not measured: " + res.Node.Note)
 		}
 		return nil
+	}
+	if err := measureHostFloor(ctx, work, o, p, res); err != nil {
+		return err
 	}
 	p.Phasef("preparing the example templates (internal/devkit, as fiberd -dev)")
 	tpl, err := prepareTemplates(work, o)

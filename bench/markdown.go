@@ -50,7 +50,8 @@ func table(b *strings.Builder, header []string, rows [][]string) {
 	b.WriteString("\n")
 }
 
-// Markdown renders r as the tables of docs/benchmarks.md: latency first,
+// Markdown renders r as the tables of docs/benchmarks.md: the host floor
+// (when the run measured it or said why not), latency,
 // then burst, closed loop, density, API server load, Kubernetes home
 // timings, the published comparisons and the machine. plotDir, when not
 // empty, is the path the plots are linked under.
@@ -61,6 +62,10 @@ func Markdown(r Result, plotDir string) string {
 	}
 	for _, w := range r.Warnings {
 		b.WriteString("> **Warning:** " + w + "\n\n")
+	}
+
+	if r.Floor.Measured || r.Floor.Note != "" {
+		floorMarkdown(&b, r.Floor)
 	}
 
 	b.WriteString("#### Clone to first HTTP byte\n\n")

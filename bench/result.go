@@ -15,6 +15,8 @@ type Result struct {
 
 	Machine  Machine  `json:"machine"`
 	Settings Settings `json:"settings"`
+	// Floor is the machine's own costs, measured before fiberd starts.
+	Floor HostFloor `json:"hostFloor"`
 
 	Latency   []LatencyRow    `json:"latency"`
 	Burst     []BurstRow      `json:"burst"`
