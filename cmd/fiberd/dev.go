@@ -32,9 +32,12 @@ import (
 
 // What -dev mints: grants of devFibersMax fibers for devLease, for templates
 // that spend devInitMs initialising (the cost a warm zygote pays once and a
-// cold exec pays per fiber).
+// cold exec pays per fiber); a zygote template's grant also keeps
+// devFibersWarm spares forked ahead (fibers.warm), so a Clone is a
+// hand-over, as a production grant would ask.
 const (
-	devFibersMax = 64
+	devFibersMax  = 64
+	devFibersWarm = 4
 	devLease     = 24 * time.Hour
 	devInitMs    = "200"
 	// devWarmWait bounds how long -dev waits for its templates to be warm
@@ -268,12 +271,16 @@ func mintDevGrants(grantsDir, nodeID string, key jose.JSONWebKey, specs map[stri
 		if max := 63 - len(suffix) - 1; len(prefix) > max {
 			prefix = strings.TrimRight(prefix[:max], "-")
 		}
+		warm := 0
+		if specs[name].zygote {
+			warm = devFibersWarm
+		}
 		g := core.Grant{
 			UID:      prefix + "-" + suffix,
 			Issuer:   devIssuer,
 			Audience: nodeID,
 			Template: name + "@sha256:" + template.Digest(specs[name].raw),
-			Fibers:   core.Fibers{Max: devFibersMax},
+			Fibers:   core.Fibers{Max: devFibersMax, Warm: warm},
 			IssuedAt: now,
 			Expiry:   now.Add(devLease),
 		}

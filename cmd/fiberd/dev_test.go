@@ -17,9 +17,9 @@ import (
 )
 
 // TestDevGrantsFromSpecs: -dev with -templates grants every spec of the
-// directory, served WARM when the spec is a zygote, under a UID stable for
-// the key; the grant names the spec file's digest, and grant files of
-// templates no longer there are removed.
+// directory, served WARM (with devFibersWarm spares) when the spec is a
+// zygote, under a UID stable for the key; the grant names the spec file's
+// digest, and grant files of templates no longer there are removed.
 func TestDevGrantsFromSpecs(t *testing.T) {
 	specDir, grantsDir, devDir := t.TempDir(), t.TempDir(), t.TempDir()
 	for _, zygote := range []bool{true, false} {
@@ -76,6 +76,10 @@ func TestDevGrantsFromSpecs(t *testing.T) {
 		}
 		if g.UID != dg.UID || g.Template != dg.Template+"@sha256:"+template.Digest(spec) || g.Fibers.Max != devFibersMax {
 			t.Errorf("grant %+v: want uid %s, the spec file's digest and fibers.max %d", g, dg.UID, devFibersMax)
+		}
+		// A zygote's grant keeps spares; an exec template has none to keep.
+		if want := map[bool]int{true: devFibersWarm, false: 0}[dg.Warm]; g.Fibers.Warm != want {
+			t.Errorf("grant of %s: fibers.warm %d, want %d", dg.Template, g.Fibers.Warm, want)
 		}
 	}
 
