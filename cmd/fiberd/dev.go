@@ -38,8 +38,8 @@ import (
 const (
 	devFibersMax  = 64
 	devFibersWarm = 4
-	devLease     = 24 * time.Hour
-	devInitMs    = "200"
+	devLease      = 24 * time.Hour
+	devInitMs     = "200"
 	// devWarmWait bounds how long -dev waits for its templates to be warm
 	// before it prints what to run next anyway.
 	devWarmWait = 90 * time.Second
