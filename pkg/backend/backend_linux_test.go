@@ -438,3 +438,38 @@ func TestConfigValidate(t *testing.T) {
 		t.Errorf("defaults = %+v", d)
 	}
 }
+
+// A zygote starts with LD_BIND_NOW=1, so its fibers never run the dynamic
+// linker's lazy binding; a template that sets LD_BIND_NOW itself ("" to
+// bind lazily) keeps its own value, and only that one.
+func TestZygoteBindsNow(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		env  map[string]string
+		want string
+	}{
+		{"default", nil, "LD_BIND_NOW=1"},
+		{"the template binds lazily", map[string]string{"LD_BIND_NOW": ""}, "LD_BIND_NOW="},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := newBackend(t, core.TierWarm)
+			uid := uidFor(t)
+			spec := kindC.spec(t)
+			spec.Env = tc.env
+			warm(t, p, uid, spec, "")
+			b, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", zygotePIDOf(t, uid)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got []string
+			for _, kv := range strings.Split(string(b), "\x00") {
+				if strings.HasPrefix(kv, "LD_BIND_NOW=") {
+					got = append(got, kv)
+				}
+			}
+			if len(got) != 1 || got[0] != tc.want {
+				t.Errorf("the zygote's environment has %q, want exactly %q", got, tc.want)
+			}
+		})
+	}
+}

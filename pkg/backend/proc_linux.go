@@ -303,7 +303,7 @@ func (z *zygote) start(ctx context.Context, req WarmRequest) (err error) {
 		afterStart = append(afterStart, lf.Close)
 		cgroupFD = int(lf.Fd())
 	}
-	env := append(fiberdEnv(p.cfg.Path, req), isolationEnv(z.level))
+	env := append(zygoteEnv(p.cfg.Path, req), isolationEnv(z.level))
 	argv := append([]string{req.Spec.Command}, req.Spec.Args...)
 	var status *started
 	if z.level == IsolationNone {

@@ -3,6 +3,7 @@ package backend
 import (
 	"encoding/hex"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -156,6 +157,17 @@ func trunc(s string) string {
 		return s[:64] + "..."
 	}
 	return s
+}
+
+// zygoteEnv is fiberdEnv for a zygote, with LD_BIND_NOW=1 after PATH, so
+// before the spec's env, which may set it otherwise ("" binds lazily): the
+// dynamic linker then resolves every symbol once, when the zygote starts,
+// instead of in every fiber at its first call of each function, where
+// each resolution runs the linker's symbol lookup from cold caches and
+// writes a page the fiber shares with its zygote, a copy-on-write fault
+// (docs/design.md, decision 87). Fibers inherit the variable.
+func zygoteEnv(path string, req WarmRequest) []string {
+	return slices.Insert(fiberdEnv(path, req), 1, "LD_BIND_NOW=1")
 }
 
 // fiberdEnv is the environment a template's process starts with: PATH, the

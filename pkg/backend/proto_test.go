@@ -100,6 +100,25 @@ func TestFiberdEnvWins(t *testing.T) {
 	}
 }
 
+// A zygote's environment is a template's with LD_BIND_NOW=1 before the
+// spec's variables, so a spec's own LD_BIND_NOW comes later and wins (exec
+// keeps the last value of a repeated key); an exec template keeps lazy
+// binding.
+func TestZygoteEnv(t *testing.T) {
+	req := WarmRequest{Grant: core.Grant{UID: "g"}, Spec: template.Spec{Command: "/x", Env: map[string]string{"A": "1"}}}
+	if got, want := strings.Join(zygoteEnv("/bin", req), " "), "PATH=/bin LD_BIND_NOW=1 A=1 FIBERD_GRANT_UID=g FIBERD_DEVICES= FIBERD_DEVICE_CLAIMS="; got != want {
+		t.Errorf("zygote env = %q, want %q", got, want)
+	}
+	req.Spec.Env["LD_BIND_NOW"] = ""
+	if got, want := strings.Join(zygoteEnv("/bin", req), " "), "PATH=/bin LD_BIND_NOW=1 A=1 LD_BIND_NOW= FIBERD_GRANT_UID=g FIBERD_DEVICES= FIBERD_DEVICE_CLAIMS="; got != want {
+		t.Errorf("zygote env with the spec's LD_BIND_NOW = %q, want %q", got, want)
+	}
+	delete(req.Spec.Env, "LD_BIND_NOW")
+	if env := strings.Join(fiberdEnv("/bin", req), " "); strings.Contains(env, "LD_BIND_NOW") {
+		t.Errorf("an exec template's env %q binds now", env)
+	}
+}
+
 // FuzzParseMessage: a zygote's messages are the template's code talking;
 // parsing must never panic and anything accepted must name a valid fence.
 func FuzzParseMessage(f *testing.F) {

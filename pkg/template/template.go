@@ -32,9 +32,9 @@ type Spec struct {
 	// Args are the arguments after the program name. Default none.
 	Args []string `json:"args,omitempty"`
 	// Env is added to the environment the runtime builds (which holds
-	// only PATH and fiberd's own FIBERD_* and LISTEN_* variables). A key
-	// of the template overrides PATH but never a FIBERD_* or LISTEN_*
-	// variable. Default none.
+	// only PATH, LD_BIND_NOW=1 for a zygote, and fiberd's own FIBERD_* and
+	// LISTEN_* variables). A key of the template overrides PATH and
+	// LD_BIND_NOW but never a FIBERD_* or LISTEN_* variable. Default none.
 	Env map[string]string `json:"env,omitempty"`
 	// Workdir is the working directory, absolute. Default: the run
 	// directory of the grant.
