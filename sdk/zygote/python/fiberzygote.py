@@ -285,6 +285,27 @@ class _Zygote:
                 how = "exit:%d" % os.waitstatus_to_exitcode(status)
             self.send("EXITED %s %s" % (fence, how))
 
+    def _fork(self):
+        """Fork a child, with isolation into a PID namespace of its own;
+        return its pid (0 in the child). Raises OSError when it cannot. A
+        zygote that cannot return to its own PID namespace afterwards
+        exits 70: every later child would land in this one's."""
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = -1
+        try:
+            if self.iso is not None:
+                self.iso.before_fork()
+            pid = os.fork()
+        finally:
+            if self.iso is not None and pid != 0:
+                try:
+                    self.iso.after_fork()
+                except OSError as e:
+                    sys.stderr.write("fiberzygote: %s; exiting\n" % e)
+                    os._exit(70)
+        return pid
+
     def clone(self, text, fds, wake):
         parts = text.split(" ")
         if len(parts) < 2 or not parts[1]:
@@ -304,42 +325,20 @@ class _Zygote:
             self.send("ERROR %s payload is not hex" % fence)
             return
         rsync, wsync = os.pipe2(os.O_CLOEXEC)
-        sys.stdout.flush()
-        sys.stderr.flush()
         zygote = os.getpid()
-        pid = -1
         try:
-            if self.iso is not None:
-                self.iso.before_fork()
-            pid = os.fork()
+            pid = self._fork()
         except OSError as e:
             os.close(rsync)
             os.close(wsync)
             self.send("ERROR %s fork: %s" % (fence, e))
             return
-        finally:
-            if self.iso is not None and pid != 0:
-                try:
-                    self.iso.after_fork()
-                except OSError as e:
-                    # Every later fiber would land in this one's namespace: stop.
-                    sys.stderr.write("fiberzygote: %s; exiting\n" % e)
-                    os._exit(70)
         if pid == 0:  # the fiber
             os.close(rsync)
             self._child(zygote, fence, hexpayload, payload, fds, wsync, wake)
         os.close(wsync)
-        rep = b""
-        while True:
-            try:
-                rep = os.read(rsync, 512)
-                break
-            except InterruptedError:
-                continue
-        os.close(rsync)
-        if rep[:1] != b"\0":
-            os.waitpid(pid, 0)
-            why = rep[1:].decode(errors="replace") or "child died"
+        why = _set_up(rsync, pid)
+        if why is not None:
             self.send("ERROR %s fiber set-up failed (new session, cgroup entry, isolation, descriptor 3): %s" % (fence, why))
             return
         self.kids[pid] = fence
@@ -446,14 +445,9 @@ class _Zygote:
             return
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         rsync, wsync = os.pipe2(os.O_CLOEXEC)
-        sys.stdout.flush()
-        sys.stderr.flush()
         zygote = os.getpid()
-        pid = -1
         try:
-            if self.iso is not None:
-                self.iso.before_fork()
-            pid = os.fork()
+            pid = self._fork()
         except OSError as e:
             for fd in (rsync, wsync):
                 os.close(fd)
@@ -461,13 +455,6 @@ class _Zygote:
             theirs.close()
             self.send("ERROR %s fork: %s" % (name, e))
             return
-        finally:
-            if self.iso is not None and pid != 0:
-                try:
-                    self.iso.after_fork()
-                except OSError as e:
-                    sys.stderr.write("fiberzygote: %s; exiting\n" % e)
-                    os._exit(70)
         if pid == 0:  # the spare
             try:
                 os.close(rsync)
@@ -492,18 +479,9 @@ class _Zygote:
             self._wait_take(theirs)
         theirs.close()
         os.close(wsync)
-        rep = b""
-        while True:
-            try:
-                rep = os.read(rsync, 512)
-                break
-            except InterruptedError:
-                continue
-        os.close(rsync)
-        if rep[:1] != b"\0":
+        why = _set_up(rsync, pid)
+        if why is not None:
             ours.close()
-            os.waitpid(pid, 0)
-            why = rep[1:].decode(errors="replace") or "child died"
             self.send("ERROR %s spare set-up failed (new session, isolation): %s" % (name, why))
             return
         self.kids[pid] = name
@@ -576,6 +554,24 @@ class _Zygote:
             finally:
                 os._exit(127)
         self._run(fence, payload)
+
+
+def _set_up(rsync, pid):
+    """In the zygote: wait for child pid's set-up report on rsync, which it
+    closes. Returns None when the child is set up, else why not (the child,
+    which exits then, reaped)."""
+    rep = b""
+    while True:
+        try:
+            rep = os.read(rsync, 512)
+            break
+        except InterruptedError:
+            continue
+    os.close(rsync)
+    if rep[:1] == b"\0":
+        return None
+    os.waitpid(pid, 0)
+    return rep[1:].decode(errors="replace") or "child died"
 
 
 def _enter_leaf(fd):
