@@ -78,36 +78,9 @@ ETCD_SOCK=$DIR/etcd.sock
 
 # ------------------------------------------------------------------------------------ processes
 
-# pid_of NAME: print the PID recorded in DIR/NAME.pid if that process is alive, not a zombie, and
-# was started for this DIR (its command line mentions DIR). A recycled PID or a process of another
-# DIR is never reported, so never signalled.
-pid_of() {
-	local file=$DIR/$1.pid pid state
-	[[ -s $file ]] || return 1
-	pid=$(<"$file")
-	[[ $pid =~ ^[0-9]+$ ]] || return 1
-	state=$(awk '{print $3}' "/proc/$pid/stat" 2>/dev/null) || return 1
-	[[ -n $state && $state != Z ]] || return 1
-	tr '\0' '\n' <"/proc/$pid/cmdline" 2>/dev/null | grep -qF -- "$DIR/" || return 1
-	printf '%s\n' "$pid"
-}
-
-# halt NAME GRACE: SIGTERM, up to GRACE tenths of a second, then SIGKILL; returns when it is gone.
-halt() {
-	local name=$1 grace=$2 pid i
-	if ! pid=$(pid_of "$name"); then rm -f "$DIR/$name.pid"; return 0; fi
-	if [[ $pid == "$$" ]]; then rm -f "$DIR/$name.pid"; return 0; fi # the watchdog, exec'd into this script
-	if ((grace > 0)); then
-		kill -TERM "$pid" 2>/dev/null || true
-		for ((i = 0; i < grace; i++)); do pid_of "$name" >/dev/null || break; sleep 0.1; done
-	fi
-	if pid_of "$name" >/dev/null; then
-		((grace == 0)) || say "$name ($pid) ignored SIGTERM for $((grace / 10)) s; killing it"
-		kill -KILL "$pid" 2>/dev/null || true
-		for ((i = 0; i < 100; i++)); do pid_of "$name" >/dev/null || break; sleep 0.05; done
-	fi
-	rm -f "$DIR/$name.pid"
-}
+# pid_of, halt, spawn, wait_for
+# shellcheck source=lib/procs.sh
+. "$(dirname "$SELF")/lib/procs.sh"
 
 # halt_all [now]: the API server first, so it does not log a storm of etcd errors while draining.
 halt_all() {
@@ -116,21 +89,6 @@ halt_all() {
 	halt watchdog 0
 	halt apiserver "$grace"
 	halt etcd "$grace"
-}
-
-# spawn NAME CMD...: run CMD in a session of its own, stdin from /dev/null, output appended to
-# DIR/NAME.log, no file descriptor of ours inherited (the lock, the caller's pipes). The child
-# writes its own PID before it execs, so the file is right however setsid forks.
-spawn() {
-	local name=$1 i
-	shift
-	rm -f "$DIR/$name.pid"
-	# shellcheck disable=SC2016 # expanded by the inner shell
-	setsid bash -c 'printf "%s\n" "$$" >"$0.partial" && mv "$0.partial" "$0" && exec "$@"' \
-		"$DIR/$name.pid" "$@" </dev/null >>"$DIR/$name.log" 2>&1 9>&- &
-	disown "$!" 2>/dev/null || true
-	for ((i = 0; i < 200; i++)); do [[ -s $DIR/$name.pid ]] && return 0; sleep 0.01; done
-	fail "$name did not start"
 }
 
 # --------------------------------------------------------------------------------------- PKI
@@ -224,20 +182,6 @@ etcd_ok() {
 	curl -s --max-time 2 --unix-socket "$ETCD_SOCK" http://localhost/health 2>/dev/null | grep -q '"health":"true"'
 }
 
-# wait_for NAME PROBE...: poll PROBE until it succeeds; fail when NAME exits or time runs out.
-wait_for() {
-	local name=$1
-	shift
-	until "$@"; do
-		if ! pid_of "$name" >/dev/null; then
-			tail -n 25 "$DIR/$name.log" >&2 || true
-			fail "$name exited during start (log: $DIR/$name.log)"
-		fi
-		((SECONDS < DEADLINE)) || { tail -n 25 "$DIR/$name.log" >&2 || true; fail "$name not ready after $READY_TIMEOUT s (log: $DIR/$name.log)"; }
-		sleep 0.05
-	done
-}
-
 api_ready() { [[ $(readyz) == 200 ]]; }
 
 # --------------------------------------------------------------------------------------- start
@@ -253,7 +197,7 @@ start_etcd() {
 		--listen-peer-urls http://127.0.0.1:0 --initial-advertise-peer-urls http://127.0.0.1:2380 \
 		--initial-cluster fiberd=http://127.0.0.1:2380 \
 		--unsafe-no-fsync --logger zap --log-level warn
-	wait_for etcd etcd_ok
+	wait_for etcd $((DEADLINE - SECONDS)) 0.05 etcd_ok
 }
 
 start_apiserver() {
@@ -324,7 +268,7 @@ start() {
 		printf '%s\n' "$PORT" >"$DIR/api.port"
 		kubeconfig
 		start_apiserver
-		if (wait_for apiserver api_ready); then break; fi
+		if (wait_for apiserver $((DEADLINE - SECONDS)) 0.05 api_ready); then break; fi
 		# another process may have taken the port between the probe and the bind
 		if ! pid_of apiserver >/dev/null && grep -q 'address already in use' "$DIR/apiserver.log" && ((tries < 3)); then
 			say "port $PORT was taken; trying another"

@@ -108,61 +108,9 @@ NODEIP=$NET.1
 
 # ------------------------------------------------------------------------------------ processes
 
-# pid_of NAME: the PID in DIR/NAME.pid if it is alive, not a zombie, and was started for this DIR
-# (its command line mentions DIR), so a recycled PID is never signalled.
-pid_of() {
-	local file=$DIR/$1.pid pid state
-	[[ -s $file ]] || return 1
-	pid=$(<"$file")
-	[[ $pid =~ ^[0-9]+$ ]] || return 1
-	state=$(awk '{print $3}' "/proc/$pid/stat" 2>/dev/null) || return 1
-	[[ -n $state && $state != Z ]] || return 1
-	tr '\0' '\n' <"/proc/$pid/cmdline" 2>/dev/null | grep -qF -- "$DIR/" || return 1
-	printf '%s\n' "$pid"
-}
-
-# halt NAME GRACE: SIGTERM, up to GRACE tenths of a second, then SIGKILL; returns once it is gone.
-halt() {
-	local name=$1 grace=$2 pid i
-	if ! pid=$(pid_of "$name"); then rm -f "$DIR/$name.pid"; return 0; fi
-	if [[ $pid == "$$" ]]; then rm -f "$DIR/$name.pid"; return 0; fi # the watchdog, exec'd into this script
-	kill -TERM "$pid" 2>/dev/null || true
-	for ((i = 0; i < grace; i++)); do pid_of "$name" >/dev/null || break; sleep 0.1; done
-	if pid_of "$name" >/dev/null; then
-		((grace == 0)) || say "$name ($pid) ignored SIGTERM for $((grace / 10)) s; killing it"
-		kill -KILL "$pid" 2>/dev/null || true
-		for ((i = 0; i < 100; i++)); do pid_of "$name" >/dev/null || break; sleep 0.05; done
-	fi
-	rm -f "$DIR/$name.pid"
-}
-
-# spawn NAME CMD...: run CMD in a session of its own, output appended to DIR/NAME.log, no descriptor
-# of ours inherited; the child writes its PID before it execs.
-spawn() {
-	local name=$1 i
-	shift
-	rm -f "$DIR/$name.pid"
-	# shellcheck disable=SC2016 # expanded by the inner shell
-	setsid bash -c 'printf "%s\n" "$$" >"$0.partial" && mv "$0.partial" "$0" && exec "$@"' \
-		"$DIR/$name.pid" "$@" </dev/null >>"$DIR/$name.log" 2>&1 9>&- &
-	disown "$!" 2>/dev/null || true
-	for ((i = 0; i < 200; i++)); do [[ -s $DIR/$name.pid ]] && return 0; sleep 0.01; done
-	fail "$name did not start"
-}
-
-# wait_for NAME PROBE...: poll PROBE until it succeeds; fail when NAME exits or TIMEOUT passes.
-wait_for() {
-	local name=$1 end=$((SECONDS + TIMEOUT))
-	shift
-	until "$@"; do
-		if ! pid_of "$name" >/dev/null; then
-			tail -n 25 "$DIR/$name.log" >&2 || true
-			fail "$name exited during start (log: $DIR/$name.log)"
-		fi
-		((SECONDS < end)) || { tail -n 25 "$DIR/$name.log" >&2 || true; fail "$name not ready after $TIMEOUT s (log: $DIR/$name.log)"; }
-		sleep 0.1
-	done
-}
+# pid_of, halt, spawn, wait_for
+# shellcheck source=lib/procs.sh
+. "$ROOT/hack/lib/procs.sh"
 
 ms() { echo $((($(date +%s%N) - T0) / 1000000)); }
 
@@ -507,7 +455,7 @@ start() {
 	install -m 0600 "$KUBEDIR/kubeconfig" "$DIR/admin.kubeconfig"
 	cgroup_make
 	spawn containerd containerd --config "$DIR/containerd.toml"
-	wait_for containerd containerd_ok
+	wait_for containerd "$TIMEOUT" 0.1 containerd_ok
 	"${CTR[@]}" images import "$images/pause.tar" >/dev/null || fail "importing $images/pause.tar failed"
 	say "containerd ready at $(ms) ms"
 	spawn coredns "$BIN/coredns" -conf "$DIR/Corefile"
@@ -526,14 +474,14 @@ start() {
 			--service-account-private-key-file="$KUBEDIR/pki/sa.key" --cert-dir="$DIR/controller-manager" \
 			--cluster-cidr="$CLUSTER_CIDR" --v=1
 	fi
-	wait_for kubelet node_ready
+	wait_for kubelet "$TIMEOUT" 0.1 node_ready
 	say "node $NAME Ready at $(ms) ms"
 	# The node lifecycle controller lifts the not-ready taint of a Ready node; without one (no
 	# primary node yet) nothing would.
 	kc taint node "$NAME" node.kubernetes.io/not-ready:NoSchedule- >/dev/null 2>&1 || true
-	wait_for coredns dns_ok
+	wait_for coredns "$TIMEOUT" 0.1 dns_ok
 	if [[ $PRIMARY == 1 ]]; then
-		wait_for kube-proxy proxy_ok
+		wait_for kube-proxy "$TIMEOUT" 0.1 proxy_ok
 		pid_of scheduler >/dev/null || { tail -n 25 "$DIR/scheduler.log" >&2; fail "kube-scheduler exited (log: $DIR/scheduler.log)"; }
 		pid_of controller-manager >/dev/null || { tail -n 25 "$DIR/controller-manager.log" >&2; fail "kube-controller-manager exited (log: $DIR/controller-manager.log)"; }
 	fi
