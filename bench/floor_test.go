@@ -94,9 +94,10 @@ func TestFloorMarkdown(t *testing.T) {
 	}
 }
 
-// The probe builds with the system compiler and measures this machine:
-// every number positive, a fork loop making processes, idle samples slept.
-func TestMeasureFloor(t *testing.T) {
+// probeCheckout is the checkout whose bench/testdata/hostfloor.c the tests
+// build; it skips the test without a C compiler.
+func probeCheckout(t *testing.T) string {
+	t.Helper()
 	if _, err := exec.LookPath(envOr("CC", "cc")); err != nil {
 		t.Skip("cc not found: bench/testdata/hostfloor.c cannot be built")
 	}
@@ -104,6 +105,13 @@ func TestMeasureFloor(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return root
+}
+
+// The probe builds with the system compiler and measures this machine:
+// every number positive, a fork loop making processes, idle samples slept.
+func TestMeasureFloor(t *testing.T) {
+	root := probeCheckout(t)
 	start := time.Now()
 	f, err := measureFloor(context.Background(), root, t.TempDir(), 0.1, 2, 20*time.Millisecond)
 	if err != nil {
@@ -126,13 +134,7 @@ func TestMeasureFloor(t *testing.T) {
 
 // A cancelled run ends the probe rather than waiting for it.
 func TestMeasureFloorCancelled(t *testing.T) {
-	if _, err := exec.LookPath(envOr("CC", "cc")); err != nil {
-		t.Skip("cc not found: bench/testdata/hostfloor.c cannot be built")
-	}
-	root, err := devkit.FindCheckout()
-	if err != nil {
-		t.Fatal(err)
-	}
+	root := probeCheckout(t)
 	dir := t.TempDir()
 	if _, err := measureFloor(context.Background(), root, dir, 0.01, 1, 0); err != nil {
 		t.Fatal(err) // builds the probe outside the timed part
