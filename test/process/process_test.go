@@ -69,6 +69,7 @@ func TestDevDaemon(t *testing.T) {
 	// /proc.
 	isolated := isolatedFibers(t, st)
 	pids := map[int]string{}
+	leaves := map[string]string{} // fiber id -> the cgroup it answered with
 	for _, f := range fibers {
 		body := get(t, f.Endpoint)
 		if !strings.Contains(body, "fence="+f.FiberID+" ") {
@@ -83,16 +84,17 @@ func TestDevDaemon(t *testing.T) {
 			if pid != 1 {
 				t.Errorf("isolated fiber %s answered pid %d, want 1 (PID 1 of its own namespace)", f.FiberID, pid)
 			}
+			if m := regexp.MustCompile(`cgroup=(\S+)`).FindStringSubmatch(body); m != nil {
+				leaves[f.FiberID] = m[1]
+			}
 			continue
 		}
 		pids[pid] = f.FiberID
 	}
 	if isolated {
 		checkIsolated(t, d, uids, state)
-		for _, p := range runProcs(uids, d.cmd.Process.Pid) {
-			if p.role == "fiber" {
-				pids[p.pid] = p.what
-			}
+		for pid, id := range isolatedFiberPIDs(t, runProcs(uids, d.cmd.Process.Pid), leaves, cgroupRoot) {
+			pids[pid] = id
 		}
 	}
 	if len(pids) != len(fibers) {
@@ -141,6 +143,48 @@ func TestDevDaemon(t *testing.T) {
 
 	d.stop(t)
 	assertNothingLeft(t, uids, cgroupRoot)
+}
+
+// isolatedFiberPIDs finds the process of each isolated fiber, which
+// answers pid=1 (the init of a PID namespace of its own), by the cgroup
+// leaf it answered with (leaves: fiber id -> cgroup): the one session
+// leader of procs in that leaf. The grants' spares (fiberd -dev keeps
+// fibers.warm spares) wait in their zygote's leaf and are no fiber's.
+// Without cgroups the fibers cannot be told from the spares: it returns
+// every session leader of procs.
+func isolatedFiberPIDs(t *testing.T, procs []proc, leaves map[string]string, cgroupRoot string) map[int]string {
+	t.Helper()
+	out := map[int]string{}
+	byLeaf := map[string][]int{}
+	for _, p := range procs {
+		if p.role != "fiber" {
+			continue
+		}
+		if cgroupRoot == "none" {
+			out[p.pid] = p.what
+			continue
+		}
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", p.pid))
+		if err != nil {
+			continue
+		}
+		if cg, err := cgroup.ParseProcCgroup(bytes.NewReader(b)); err == nil {
+			byLeaf[cg] = append(byLeaf[cg], p.pid)
+		}
+	}
+	if cgroupRoot == "none" {
+		t.Logf("without cgroups the %d session leaders found count the spares too", len(out))
+		return out
+	}
+	for id, leaf := range leaves {
+		switch ps := byLeaf[leaf]; len(ps) {
+		case 1:
+			out[ps[0]] = id
+		default:
+			t.Errorf("fiber %s answered cgroup %s, which holds %d session leaders (%v), want 1", id, leaf, len(ps), ps)
+		}
+	}
+	return out
 }
 
 // fiberd is one running fiberd -dev.
