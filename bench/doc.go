@@ -40,8 +40,11 @@
 //     templates again, on a second agent whose grants keep 8 spares (clone
 //     to first byte, closed loop) or 50 (burst), each phase and burst round
 //     started once every spare is ready, each row noting how many of its
-//     Clones a spare served; and the memory the waiting spares hold (their
-//     summed Private_Dirty, from the agent's status);
+//     Clones a spare served; the W=8 rows again on an agent with
+//     -isolation fiber, each sample paired with one of the agent without
+//     isolation (what isolation adds when a spare serves the Clone); and
+//     the memory the waiting spares hold (their summed Private_Dirty, from
+//     the agent's status);
 //   - density: the summed Pss of /proc/<pid>/smaps_rollup of N fibers and
 //     their zygote against N independent processes (cold exec) of the same
 //     template;

@@ -459,7 +459,7 @@ func measureIsolated(ctx context.Context, work string, plain *agentRig, k *kit, 
 			return fmt.Errorf("%s: the agent without isolation has no grant of %s", m.mode, m.tmpl)
 		}
 		p.Phasef("clone to first byte: %s, in alternation with the same template without isolation (%d pairs)", m.mode, o.n)
-		samples, deltas, err := pairedLatency(ctx, plain, plainUID, ag, uid, o.n, p.Counter(o.n))
+		samples, deltas, err := pairedLatency(ctx, plain, plainUID, ag, uid, o.n, p.Counter(o.n), nil)
 		if err != nil {
 			return fmt.Errorf("%s: %w", m.mode, err)
 		}
@@ -473,9 +473,15 @@ func measureIsolated(ctx context.Context, work string, plain *agentRig, k *kit, 
 
 // pairedLatency takes n pairs of clone-to-first-byte samples, one of uidA
 // on a and one of uidB on b, alternating which goes first, and returns b's
-// samples and the differences b - a of each pair.
-func pairedLatency(ctx context.Context, a *agentRig, uidA string, b *agentRig, uidB string, n int, tick func()) (bSamples, deltas []float64, err error) {
+// samples and the differences b - a of each pair. before, when not nil,
+// runs ahead of each pair, outside the timers.
+func pairedLatency(ctx context.Context, a *agentRig, uidA string, b *agentRig, uidB string, n int, tick func(), before func(context.Context) error) (bSamples, deltas []float64, err error) {
 	for i := range n {
+		if before != nil {
+			if err := before(ctx); err != nil {
+				return nil, nil, err
+			}
+		}
 		var pair [2]float64 // a's, b's
 		for k := range 2 {
 			j := k ^ i%2 // which goes first alternates
@@ -505,7 +511,7 @@ func signed(ms float64) string {
 func latencyRows(m map[string]LatencyRow) []LatencyRow {
 	base := m[modeWarmC]
 	var out []LatencyRow
-	for _, mode := range []string{modeWarmC, modeSpareC, modeWarmPy, modeSparePy, modeWarmCIso, modeWarmPyIso, modeExecC, modePod, modePodNode} {
+	for _, mode := range []string{modeWarmC, modeSpareC, modeWarmPy, modeSparePy, modeWarmCIso, modeWarmPyIso, modeSpareCIso, modeSparePyIso, modeExecC, modePod, modePodNode} {
 		r := m[mode]
 		r.Mode = mode
 		if r.Measured && base.Measured {

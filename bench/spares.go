@@ -22,11 +22,16 @@ const (
 
 // The spare modes, beside modeWarmC and modeWarmPy (W=0).
 var (
-	modeSpareC    = fmt.Sprintf("fiberd warm C, W=%d spares", spareW)
-	modeSparePy   = fmt.Sprintf("fiberd warm Python, W=%d spares", spareW)
-	modeSpareBC   = fmt.Sprintf("fiberd warm C, W=%d spares", spareBurstW)
-	modeSpareBPy  = fmt.Sprintf("fiberd warm Python, W=%d spares", spareBurstW)
-	spareTemplate = map[string]string{modeSpareC: tplWarmC, modeSparePy: tplWarmPy, modeSpareBC: tplWarmC, modeSpareBPy: tplWarmPy}
+	modeSpareC   = fmt.Sprintf("fiberd warm C, W=%d spares", spareW)
+	modeSparePy  = fmt.Sprintf("fiberd warm Python, W=%d spares", spareW)
+	modeSpareBC  = fmt.Sprintf("fiberd warm C, W=%d spares", spareBurstW)
+	modeSpareBPy = fmt.Sprintf("fiberd warm Python, W=%d spares", spareBurstW)
+	// The W=spareW rows again with every grant isolated (-isolation
+	// fiber), paired with the rows without isolation.
+	modeSpareCIso  = modeSpareC + ", isolated"
+	modeSparePyIso = modeSparePy + ", isolated"
+	spareTemplate  = map[string]string{modeSpareC: tplWarmC, modeSparePy: tplWarmPy, modeSpareBC: tplWarmC, modeSpareBPy: tplWarmPy,
+		modeSpareCIso: tplWarmC, modeSparePyIso: tplWarmPy}
 )
 
 // spareRows are what measureSpares measured, for the caller to place.
@@ -93,6 +98,10 @@ func measureSpares(ctx context.Context, work string, k *kit, o options, p *progr
 		row.Measured, row.SamplesMs, row.Summary = true, samples, Summarize(samples)
 		row.Note = handedOver(before, ag.spares(ctx, uid), len(samples))
 		latency[mode] = row
+	}
+
+	if err := measureIsolatedSpares(ctx, work, ag, key, k, o, p, log, latency, quiet); err != nil {
+		return out, err
 	}
 
 	for _, mode := range []string{modeSpareBC, modeSpareBPy} {
@@ -165,6 +174,71 @@ func (r *agentRig) spares(ctx context.Context, uid string) api.SpareStatus {
 		}
 	}
 	return api.SpareStatus{}
+}
+
+// measureIsolatedSpares measures the W=spareW single-clone rows again on
+// an agent with -isolation fiber whose grants keep spareW spares too, each
+// sample paired with one of the same template on plain (the spare agent
+// without isolation), the spares of both ready before each pair: what
+// isolation adds to a Clone a spare serves, whose isolation was set up
+// before it was taken (docs/design.md decision 88). quiet waits for plain's
+// spares.
+func measureIsolatedSpares(ctx context.Context, work string, plain *agentRig, key func(string, int) string, k *kit, o options, p *progress, log logr.Logger, latency map[string]LatencyRow, quiet func(context.Context) error) error {
+	modes := []struct{ mode, plain string }{{modeSpareCIso, modeSpareC}, {modeSparePyIso, modeSparePy}}
+	what := fmt.Sprintf("as with W=%d spares; each grant isolated as in the isolated rows, each spare before it is taken", spareW)
+	var gs []benchGrant
+	for _, m := range modes {
+		if _, ok := k.specs[spareTemplate[m.mode]]; ok {
+			gs = append(gs, benchGrant{key: key(m.mode, spareW), template: spareTemplate[m.mode], warm: spareW})
+		} else {
+			latency[m.mode] = LatencyRow{Mode: m.mode, What: what, Note: k.missing[spareTemplate[m.mode]]}
+		}
+	}
+	if len(gs) == 0 {
+		return nil
+	}
+	p.Phasef("starting a fiberd with -isolation fiber whose grants keep %d spares", spareW)
+	ag, err := startAgentWith(ctx, filepath.Join(work, "spares-isolated"), k, o, backend.IsolationFiber, gs, log)
+	if err != nil {
+		return fmt.Errorf("isolated spare agent: %w", err)
+	}
+	defer ag.stop()
+	missing := ag.isolationMissing(ctx)
+	for _, m := range modes {
+		uid, ok := ag.uids[key(m.mode, spareW)]
+		if !ok {
+			continue
+		}
+		row := LatencyRow{Mode: m.mode, What: what}
+		if missing != "" {
+			row.Note = "not isolated on this host: " + missing
+			latency[m.mode] = row
+			continue
+		}
+		plainUID, ok := plain.uids[key(m.plain, spareW)]
+		if !ok {
+			return fmt.Errorf("%s: the spare agent without isolation has no grant of %s", m.mode, spareTemplate[m.mode])
+		}
+		ready := func(ctx context.Context) error {
+			if err := quiet(ctx); err != nil {
+				return err
+			}
+			_, err := ag.sparesReady(ctx, uid, spareW)
+			return err
+		}
+		p.Phasef("clone to first byte: %s, in alternation with the same template without isolation (%d pairs)", m.mode, o.n)
+		before := ag.spares(ctx, uid)
+		samples, deltas, err := pairedLatency(ctx, plain, plainUID, ag, uid, o.n, p.Counter(o.n), ready)
+		if err != nil {
+			return fmt.Errorf("%s: %w", m.mode, err)
+		}
+		cost := Summarize(deltas)
+		row.Measured, row.SamplesMs, row.Summary, row.IsolationCost = true, samples, Summarize(samples), &cost
+		row.Note = fmt.Sprintf("isolation adds p50 %s ms (paired differences with the same template and spares without isolation, cloned in alternation); %s",
+			signed(cost.P50), handedOver(before, ag.spares(ctx, uid), len(samples)))
+		latency[m.mode] = row
+	}
+	return nil
 }
 
 // sparesReady waits until grant uid has w spares ready, for up to a minute.
