@@ -448,27 +448,40 @@ func measureIsolated(ctx context.Context, work string, plain *agentRig, k *kit, 
 		if !ok {
 			continue
 		}
-		row := LatencyRow{Mode: m.mode, What: what}
-		if missing != "" {
-			row.Note = "not isolated on this host: " + missing
-			latency[m.mode] = row
-			continue
-		}
 		plainUID, ok := plain.uids[m.tmpl]
 		if !ok {
 			return fmt.Errorf("%s: the agent without isolation has no grant of %s", m.mode, m.tmpl)
 		}
-		p.Phasef("clone to first byte: %s, in alternation with the same template without isolation (%d pairs)", m.mode, o.n)
-		samples, deltas, err := pairedLatency(ctx, plain, plainUID, ag, uid, o.n, p.Counter(o.n), nil)
+		row, err := pairedIsolatedRow(ctx, plain, plainUID, ag, uid, m.mode, what, "the same template", missing, o, p, nil)
 		if err != nil {
-			return fmt.Errorf("%s: %w", m.mode, err)
+			return err
 		}
-		cost := Summarize(deltas)
-		row.Measured, row.SamplesMs, row.Summary, row.IsolationCost = true, samples, Summarize(samples), &cost
-		row.Note = fmt.Sprintf("isolation adds p50 %s ms (paired differences with the same template without isolation, cloned in alternation)", signed(cost.P50))
 		latency[m.mode] = row
 	}
 	return nil
+}
+
+// pairedIsolatedRow is the row of mode: o.n samples of grant uid on the
+// isolated agent iso, each paired with one of plainUID on plain
+// (pairedLatency; before, when not nil, ahead of each pair), its note the
+// p50 of the paired differences with against (what plainUID is) without
+// isolation. When iso does not isolate on this host (missing says why)
+// the row is not measured and says so.
+func pairedIsolatedRow(ctx context.Context, plain *agentRig, plainUID string, iso *agentRig, uid, mode, what, against, missing string, o options, p *progress, before func(context.Context) error) (LatencyRow, error) {
+	row := LatencyRow{Mode: mode, What: what}
+	if missing != "" {
+		row.Note = "not isolated on this host: " + missing
+		return row, nil
+	}
+	p.Phasef("clone to first byte: %s, in alternation with %s without isolation (%d pairs)", mode, against, o.n)
+	samples, deltas, err := pairedLatency(ctx, plain, plainUID, iso, uid, o.n, p.Counter(o.n), before)
+	if err != nil {
+		return row, fmt.Errorf("%s: %w", mode, err)
+	}
+	cost := Summarize(deltas)
+	row.Measured, row.SamplesMs, row.Summary, row.IsolationCost = true, samples, Summarize(samples), &cost
+	row.Note = fmt.Sprintf("isolation adds p50 %s ms (paired differences with %s without isolation, cloned in alternation)", signed(cost.P50), against)
+	return row, nil
 }
 
 // pairedLatency takes n pairs of clone-to-first-byte samples, one of uidA

@@ -209,12 +209,6 @@ func measureIsolatedSpares(ctx context.Context, work string, plain *agentRig, ke
 		if !ok {
 			continue
 		}
-		row := LatencyRow{Mode: m.mode, What: what}
-		if missing != "" {
-			row.Note = "not isolated on this host: " + missing
-			latency[m.mode] = row
-			continue
-		}
 		plainUID, ok := plain.uids[key(m.plain, spareW)]
 		if !ok {
 			return fmt.Errorf("%s: the spare agent without isolation has no grant of %s", m.mode, spareTemplate[m.mode])
@@ -226,16 +220,14 @@ func measureIsolatedSpares(ctx context.Context, work string, plain *agentRig, ke
 			_, err := ag.sparesReady(ctx, uid, spareW)
 			return err
 		}
-		p.Phasef("clone to first byte: %s, in alternation with the same template without isolation (%d pairs)", m.mode, o.n)
 		before := ag.spares(ctx, uid)
-		samples, deltas, err := pairedLatency(ctx, plain, plainUID, ag, uid, o.n, p.Counter(o.n), ready)
+		row, err := pairedIsolatedRow(ctx, plain, plainUID, ag, uid, m.mode, what, "the same template and spares", missing, o, p, ready)
 		if err != nil {
-			return fmt.Errorf("%s: %w", m.mode, err)
+			return err
 		}
-		cost := Summarize(deltas)
-		row.Measured, row.SamplesMs, row.Summary, row.IsolationCost = true, samples, Summarize(samples), &cost
-		row.Note = fmt.Sprintf("isolation adds p50 %s ms (paired differences with the same template and spares without isolation, cloned in alternation); %s",
-			signed(cost.P50), handedOver(before, ag.spares(ctx, uid), len(samples)))
+		if row.Measured {
+			row.Note += "; " + handedOver(before, ag.spares(ctx, uid), len(row.SamplesMs))
+		}
 		latency[m.mode] = row
 	}
 	return nil
