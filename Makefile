@@ -90,6 +90,10 @@ ci: ## What .ci/run runs: every stage of CI_STAGES, nothing skipped; prints each
 demo: ## Start fiberd -dev, clone warm and cold fibers, print their times, stop it.
 	hack/demo.sh
 
+.PHONY: fresh
+fresh: ## Make this machine new to .ci/run (hack/fresh.sh): tool caches, packages our scripts installed, node state; FRESH_GO=1 empties Go's caches too.
+	hack/fresh.sh $(if $(filter 1,$(FRESH_GO)),-go)
+
 .PHONY: docs-check
 docs-check: criu ## Run every command of README.md and docs/*.md against a real fiberd -dev (test/docs); docs/api.md parks a fiber, so it builds CRIU first.
 	hack/docs-check.sh

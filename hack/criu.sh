@@ -64,19 +64,11 @@ fi
 rm -f "$BIN/.stamp"
 start=$SECONDS
 
-# The build packages, installed only when one is missing.
-missing=()
-for p in "${PACKAGES[@]}"; do
-	[[ "$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null)" == "install ok installed" ]] || missing+=("$p")
-done
-if ((${#missing[@]} > 0)); then
-	say "installing ${missing[*]} ..."
-	export DEBIAN_FRONTEND=noninteractive
-	inst=(apt-get -o DPkg::Lock::Timeout=300 install -y -qq --no-install-recommends "${missing[@]}")
-	if ! "${inst[@]}" >/dev/null 2>&1; then
-		apt-get -o DPkg::Lock::Timeout=300 update -qq >/dev/null || fail "apt-get update failed"
-		"${inst[@]}" >/dev/null || fail "apt-get install ${missing[*]} failed"
-	fi
+# The build packages, installed only when one is missing (and recorded for hack/fresh.sh).
+# shellcheck source=lib/packages.sh
+. "$(dirname "${BASH_SOURCE[0]}")/lib/packages.sh"
+if [[ -n $(pkg_missing "${PACKAGES[@]}") ]]; then
+	pkg_install "${PACKAGES[@]}"
 	say "installed the build packages in $((SECONDS - start)) s"
 fi
 

@@ -350,7 +350,9 @@ write_configs() {
 		nodeStatusUpdateFrequency: 10s
 		maxPods: 64
 		podLogsDir: $DIR/pod-logs          # default /var/log/pods
-		volumePluginDir: $DIR/volume-plugins # default /usr/libexec/kubernetes/kubelet-plugins/volume/exec
+		# Default /usr/libexec/kubernetes/kubelet-plugins/volume/exec, which kube-controller-manager also
+		# creates (--flex-volume-plugin-dir, below): both point under DIR instead.
+		volumePluginDir: $DIR/volume-plugins
 	EOF
 	cat >"$DIR/Corefile" <<-EOF
 		cluster.local:53 in-addr.arpa:53 {
@@ -472,7 +474,7 @@ start() {
 		spawn controller-manager "$BIN/kube-controller-manager" --kubeconfig="$DIR/admin.kubeconfig" \
 			--secure-port=0 --leader-elect=false --root-ca-file="$KUBEDIR/pki/ca.crt" \
 			--service-account-private-key-file="$KUBEDIR/pki/sa.key" --cert-dir="$DIR/controller-manager" \
-			--cluster-cidr="$CLUSTER_CIDR" --v=1
+			--cluster-cidr="$CLUSTER_CIDR" --flex-volume-plugin-dir="$DIR/volume-plugins" --v=1
 	fi
 	wait_for kubelet "$TIMEOUT" 0.1 node_ready
 	say "node $NAME Ready at $(ms) ms"
