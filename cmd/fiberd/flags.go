@@ -125,7 +125,7 @@ func parseFlags(args []string, env environ, usage io.Writer) (options, error) {
 	fs.StringVar(&o.endpointHost, "endpoint-host", "", "IP fibers listen on and advertise (default the family's loopback; the Pod IP under -home kubernetes)")
 	portRange := fs.String("port-range", fiberd.DefaultPortRange, "TCP ports of inet fibers, FIRST-LAST")
 	fs.StringVar(&o.cgroupRoot, "cgroup-root", "", "cgroup v2 directory fibers are carved under (default a delegated subtree of fiberd's own cgroup; \"none\" for no cgroups)")
-	devices := fs.String("devices", "", "comma-separated device paths or ids handed to every template (standalone)")
+	devices := fs.String("devices", "", "comma-separated device paths or ids handed to every template (standalone: a static set; kubernetes: what the driver exposed to the Pod, handed with its ResourceClaim)")
 	isolation := fs.String("isolation", "", "how far grants and fibers are kept apart: none, grant (a user and namespaces per grant) or fiber (also a PID namespace and /tmp per fiber); default fiber, none under -home kubernetes; the host may allow less, which fiberd logs once at start")
 	minIsolation := fs.String("min-isolation", string(backend.IsolationNone), "refuse grants (TIER_GAP) that would get less isolation than this on this host: none, grant or fiber")
 	fs.DurationVar(&o.staleTTL, "stale-ttl", standalone.DefaultStaleTTL, "how long the control plane may be silent before misses turn from DEFERRED_FALLBACK to SHED (0: the home's default)")

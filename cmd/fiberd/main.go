@@ -113,6 +113,12 @@ func run(ctx context.Context, args []string, env environ, stdout, stderr io.Writ
 	}
 
 	agent, err := build(ctx, o, log)
+	if err != nil && ctx.Err() != nil {
+		// SIGTERM while starting (the grant fetch, the wait for the Pod's
+		// address): nothing was served, so nothing is left to drain.
+		log.Info("fiberd stopped by a signal before it started", "during", err.Error())
+		return exitOK
+	}
 	if err != nil {
 		fmt.Fprintf(stderr, "fiberd: %v\n", err)
 		return exitFailure

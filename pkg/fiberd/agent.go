@@ -193,7 +193,17 @@ func New(ctx context.Context, cfg Config) (a *Agent, err error) {
 		}
 		a.host = cfg.EndpointHost
 		if eh, ok := cfg.Home.(EndpointHoster); ok {
-			if h := eh.EndpointHost(); h != "" {
+			// The home may wait for its address (a Pod's IP the kubelet
+			// has not written yet); the end of ctx (SIGTERM) cuts that
+			// short by closing the home, which New closes anyway when it
+			// fails.
+			stop := context.AfterFunc(ctx, cfg.Home.Close)
+			h := eh.EndpointHost()
+			stop()
+			if ctx.Err() != nil {
+				return nil, fmt.Errorf("fiberd: stopped while the home %s waited for its endpoint host: %w", cfg.Home.Name(), context.Cause(ctx))
+			}
+			if h != "" {
 				a.host = h
 			}
 		}

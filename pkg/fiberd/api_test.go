@@ -20,6 +20,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -29,6 +30,7 @@ import (
 	"fiberd.io/fiberd/pkg/backend"
 	"fiberd.io/fiberd/pkg/backend/fake"
 	"fiberd.io/fiberd/pkg/core"
+	"fiberd.io/fiberd/pkg/endpoint"
 	"fiberd.io/fiberd/pkg/template"
 )
 
@@ -293,6 +295,61 @@ func TestNewFailsCleanlyWhenTheAddressIsTaken(t *testing.T) {
 		t.Fatalf("second New on the same state directory: %v", err)
 	}
 	a.Close()
+}
+
+// waitingHome is a home that waits for its endpoint host until it is
+// closed, as the Kubernetes home does while the kubelet has not written
+// the Pod's IP.
+type waitingHome struct {
+	*fakeHome
+	asked  chan struct{}
+	closed chan struct{}
+	once   sync.Once
+}
+
+func (h *waitingHome) EndpointHost() string {
+	close(h.asked)
+	<-h.closed
+	return ""
+}
+
+func (h *waitingHome) Close() {
+	h.fakeHome.Close()
+	h.once.Do(func() { close(h.closed) })
+}
+
+// TestNewStopsWhileTheHomeWaitsForItsAddress: the end of New's context
+// (SIGTERM at start) ends the home's wait for its endpoint host, and New
+// fails with the context's cause, leaving nothing open.
+func TestNewStopsWhileTheHomeWaitsForItsAddress(t *testing.T) {
+	h := &waitingHome{fakeHome: newFakeHome(clocktesting.NewFakeClock(testStart)), asked: make(chan struct{}), closed: make(chan struct{})}
+	b := fake.New(core.TierBasic, fake.Hooks{})
+	ctx, cancel := context.WithCancelCause(context.Background())
+	sigterm := errors.New("SIGTERM")
+	go func() {
+		<-h.asked
+		cancel(sigterm)
+	}()
+	done := make(chan error, 1)
+	go func() {
+		a, err := New(ctx, Config{Home: h, Issuer: testIssuer, NodeID: testNode, Keys: &switchKeys{}, Templates: "/t", Basic: b,
+			StateDir: t.TempDir(), EndpointFamily: endpoint.Inet4, EndpointHost: "127.0.0.1"})
+		if a != nil {
+			a.Close()
+		}
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if !errors.Is(err, sigterm) || !strings.Contains(err.Error(), "endpoint host") {
+			t.Fatalf("New cut short: %v, want the context's cause, saying what it waited for", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("New still waits for the home's endpoint host after its context ended")
+	}
+	if _, ok := <-b.Exits(); ok {
+		t.Errorf("backend not closed")
+	}
 }
 
 // TestTLS: the TCP listener speaks TLS 1.3 only and needs a client

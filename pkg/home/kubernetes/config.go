@@ -59,7 +59,9 @@ type Config struct {
 	// round may take. Default half of StaleTTL. It bounds every other
 	// request to the API server too: a readiness patch (and its wait for
 	// one in flight), and a read of the Pod in EndpointHost or Devices.
-	// Validate refuses it when it is not positive after defaults.
+	// Validate refuses it when it is below 100 ms after defaults (a
+	// StaleTTL under 200 ms leaves it so), and when it is not below
+	// StaleTTL.
 	Poll time.Duration
 	// GrantsDir is the directory polled for *.jwt files, and the one the
 	// grant fetch writes. Empty means no delivery and no grant to admit.
@@ -67,6 +69,7 @@ type Config struct {
 	// under -admin-unsafe, where grants arrive inside Clone requests.
 	GrantsDir string
 	// GrantsPoll is how often GrantsDir is read. Default DefaultGrantsPoll.
+	// Validate refuses it below 10 ms.
 	GrantsPoll time.Duration
 	// GrantTokenFile is the path of the Pod's bound service-account
 	// token, sent to fetch the Pod's grant. Empty means no fetch, and
@@ -110,6 +113,14 @@ type Config struct {
 	Logger logr.Logger
 }
 
+// The shortest Poll and GrantsPoll Validate takes. Anything shorter asks
+// the API server, or reads the directory, in a busy loop; a test that needs
+// speed still gets rounds every 100 ms.
+const (
+	minPoll       = 100 * time.Millisecond
+	minGrantsPoll = 10 * time.Millisecond
+)
+
 // withDefaults returns c with every unset field that has a default filled
 // in. It reads nothing but c.
 func (c Config) withDefaults() Config {
@@ -139,6 +150,7 @@ func (c Config) fetchOn() bool { return c.GrantTokenFile != "" }
 
 // Validate reports the first thing wrong with c, after defaults.
 func (c Config) Validate() error {
+	pollSet := c.Poll != 0
 	c = c.withDefaults()
 	switch {
 	case c.Kube == nil:
@@ -153,13 +165,14 @@ func (c Config) Validate() error {
 		return fmt.Errorf("kubernetes home: StaleTTL %v is negative: set a positive duration, or 0 for %v", c.StaleTTL, DefaultStaleTTL)
 	case c.Poll < 0:
 		return fmt.Errorf("kubernetes home: Poll %v is negative: set a positive duration, or 0 for half of StaleTTL", c.Poll)
-	case c.Poll == 0:
-		// Only a StaleTTL of 1ns leaves it so: half of it is 0.
-		return fmt.Errorf("kubernetes home: Poll is not positive: half of StaleTTL %v is 0: set a positive Poll, or a StaleTTL of at least 2ns", c.StaleTTL)
+	case c.Poll < minPoll && pollSet:
+		return fmt.Errorf("kubernetes home: Poll %v is below %v: the API server would be asked in a busy loop; set Poll of at least %v, or 0 for half of StaleTTL", c.Poll, minPoll, minPoll)
+	case c.Poll < minPoll:
+		return fmt.Errorf("kubernetes home: Poll, half of StaleTTL %v, is %v, below %v: the API server would be asked in a busy loop and the home could hardly stay healthy; set StaleTTL of at least %v (or 0 for %v)", c.StaleTTL, c.Poll, minPoll, 2*minPoll, DefaultStaleTTL)
 	case c.Poll >= c.StaleTTL:
 		return fmt.Errorf("kubernetes home: Poll %v is not shorter than StaleTTL %v, so the home would go stale between polls: set Poll below StaleTTL, or 0 for half of it", c.Poll, c.StaleTTL)
-	case c.GrantsPoll < 0:
-		return fmt.Errorf("kubernetes home: GrantsPoll %v is negative: set a positive duration, or 0 for %v", c.GrantsPoll, DefaultGrantsPoll)
+	case c.GrantsPoll < minGrantsPoll:
+		return fmt.Errorf("kubernetes home: GrantsPoll %v is below %v: the grants directory would be read in a busy loop; set at least %v, or 0 for %v", c.GrantsPoll, minGrantsPoll, minGrantsPoll, DefaultGrantsPoll)
 	case c.GrantFetchTimeout < 0:
 		return fmt.Errorf("kubernetes home: GrantFetchTimeout %v is negative: set a positive duration, or 0 for %v", c.GrantFetchTimeout, DefaultGrantFetchTimeout)
 	case c.Family != endpoint.Unix && c.Family != endpoint.Inet4 && c.Family != endpoint.Inet6:

@@ -39,8 +39,17 @@ func TestValidate(t *testing.T) {
 		{"Poll above the default StaleTTL", func(c *kubernetes.Config) { c.Poll = time.Minute }, []string{"Poll", "StaleTTL"}},
 		// Every duration must be positive after defaults: a StaleTTL of
 		// 1ns leaves a Poll of 0, which no ticker takes.
-		{"Poll zero after defaults", func(c *kubernetes.Config) { c.StaleTTL = time.Nanosecond }, []string{"Poll", "positive", "StaleTTL"}},
-		{"GrantsPoll negative", func(c *kubernetes.Config) { c.GrantsPoll = -1 }, []string{"GrantsPoll", "positive"}},
+		{"Poll zero after defaults", func(c *kubernetes.Config) { c.StaleTTL = time.Nanosecond }, []string{"Poll", "StaleTTL", "at least 200ms"}},
+		// Absurdly short durations: a busy loop, a home that can hardly be
+		// healthy (design decision 90).
+		{"Poll 1ns", func(c *kubernetes.Config) { c.Poll = time.Nanosecond }, []string{"Poll 1ns", "at least 100ms"}},
+		{"Poll below 100ms", func(c *kubernetes.Config) { c.Poll = 99 * time.Millisecond }, []string{"Poll 99ms", "at least 100ms"}},
+		{"Poll 100ms", func(c *kubernetes.Config) { c.Poll = 100 * time.Millisecond }, nil},
+		{"StaleTTL 2ns", func(c *kubernetes.Config) { c.StaleTTL = 2 * time.Nanosecond }, []string{"half of StaleTTL 2ns", "StaleTTL of at least 200ms"}},
+		{"StaleTTL 200ms", func(c *kubernetes.Config) { c.StaleTTL = 200 * time.Millisecond }, nil},
+		{"GrantsPoll negative", func(c *kubernetes.Config) { c.GrantsPoll = -1 }, []string{"GrantsPoll", "at least 10ms"}},
+		{"GrantsPoll 1ns", func(c *kubernetes.Config) { c.GrantsPoll = time.Nanosecond }, []string{"GrantsPoll 1ns", "at least 10ms"}},
+		{"GrantsPoll 10ms", func(c *kubernetes.Config) { c.GrantsPoll = 10 * time.Millisecond }, nil},
 		{"GrantFetchTimeout negative", func(c *kubernetes.Config) { c.GrantFetchTimeout = -1 }, []string{"GrantFetchTimeout", "positive"}},
 		{"Family unknown", func(c *kubernetes.Config) { c.Family = endpoint.Family(9) }, []string{"Family", "endpoint.Inet4"}},
 		{"CgroupRoot relative", func(c *kubernetes.Config) { c.CgroupRoot = "sys/fs/cgroup" }, []string{"CgroupRoot", "absolute"}},

@@ -1,6 +1,8 @@
 package kubernetes
 
 import (
+	"context"
+	"fmt"
 	"net/netip"
 	"time"
 
@@ -24,8 +26,11 @@ const (
 // family in time, and logs the last read error once when it gives up. The
 // unix family advertises no address, so it returns "" at once.
 //
-// podIPRetry is 500 ms and podIPWait 90 s. The address comes from
-// status.podIPs, else status.podIP.
+// podIPRetry is 500 ms and podIPWait 90 s, both on Config.Clock. A read
+// begins podIPRetry after the one before it began, or at once when that one
+// took longer. Each read is bounded by Poll and by what is left of
+// podIPWait, so the wait ends at podIPWait however slowly the API server
+// answers. The address comes from status.podIPs, else status.podIP.
 func (h *Home) EndpointHost() string {
 	if h.cfg.Family == endpoint.Unix {
 		return ""
@@ -35,19 +40,31 @@ func (h *Home) EndpointHost() string {
 			return ip
 		}
 	}
-	start := h.clk.Now()
+	deadline := h.clk.Now().Add(podIPWait)
 	var lastErr error
 	for {
-		p, err := h.readPod(h.waitCtx)
+		began := h.clk.Now()
+		left := deadline.Sub(began)
+		if left <= 0 {
+			break
+		}
+		ctx, cancel := onClock(h.waitCtx, h.clk, min(left, h.cfg.Poll),
+			fmt.Errorf("podIPWait %v passed: %w", podIPWait, context.DeadlineExceeded))
+		p, err := h.readPod(ctx)
+		cancel()
 		lastErr = err // the last outcome: a read that worked clears it
 		if err == nil {
 			if ip := podIP(p, h.cfg.Family); ip != "" {
 				return ip
 			}
 		}
-		if h.clk.Since(start) >= podIPWait || !h.waitRetry() {
+		if !h.sleepUntil(h.waitCtx, began.Add(podIPRetry)) {
 			break
 		}
+	}
+	if h.waitCtx.Err() != nil {
+		h.log.Info("The wait for the Pod's address was cut short: the home is closing", "family", h.cfg.Family)
+		return ""
 	}
 	if lastErr != nil {
 		h.log.Error(lastErr, "The Pod has no address to advertise; reading it failed", "family", h.cfg.Family)
@@ -55,22 +72,6 @@ func (h *Home) EndpointHost() string {
 		h.log.Info("The Pod has no address of this family to advertise", "family", h.cfg.Family)
 	}
 	return ""
-}
-
-// waitRetry waits podIPRetry, and reports false when Close or the end of
-// Run's context cut the wait short.
-func (h *Home) waitRetry() bool {
-	if h.waitCtx.Err() != nil {
-		return false
-	}
-	t := h.clk.NewTimer(podIPRetry)
-	defer t.Stop()
-	select {
-	case <-h.waitCtx.Done():
-		return false
-	case <-t.C():
-		return true
-	}
 }
 
 // podIP is the Pod's first address of family f, "" for none.

@@ -668,6 +668,67 @@ func TestRunRenewsAtHalfTheLease(t *testing.T) {
 	})
 }
 
+// wallStepClock is a fake clock whose reading can jump while its timers
+// keep running on their own time, as a real clock's wall reading does
+// when NTP steps it (a timer runs on the monotonic clock).
+type wallStepClock struct {
+	*clocktesting.FakeClock
+	mu     sync.Mutex
+	offset time.Duration
+}
+
+func (c *wallStepClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.FakeClock.Now().Add(c.offset)
+}
+
+func (c *wallStepClock) Since(t time.Time) time.Duration { return c.Now().Sub(t) }
+
+// jump steps the reading by d; no timer fires.
+func (c *wallStepClock) jump(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.offset += d
+}
+
+// "renews it at half its lease": half the lease as the clock reads it,
+// also after the wall clock was stepped. The renewal time comes from the
+// token (a wall-clock time), so a step forward makes it due at once; the
+// home sees that within a minute, not when the wait computed before the
+// step runs out (design decision 90).
+func TestRenewalFollowsAWallClockStep(t *testing.T) {
+	srv := newGrantServer(t)
+	srv.setRespond(func(int) (int, []byte) { return http.StatusOK, token(testUID, epoch, epoch.Add(2*time.Hour)) })
+	clk := &wallStepClock{FakeClock: newClock()}
+	k := newWorld()
+	cfg := baseConfig(t, k, clk.FakeClock)
+	cfg.Clock = clk
+	srv.configure(t, &cfg)
+	h, err := kubernetes.New(t.Context(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(h.Close)
+	renewed := token(testUID, epoch.Add(time.Hour), epoch.Add(3*time.Hour))
+	srv.setRespond(func(int) (int, []byte) { return http.StatusOK, renewed })
+	run(t, h)
+	tick(t, clk.FakeClock, 10*time.Minute)
+	settle()
+	if srv.count() != 1 {
+		t.Fatalf("%d requests 10 minutes into a 2h lease, want only New's", srv.count())
+	}
+	// NTP steps the clock 55 minutes forward: the renewal (due at 1h) is
+	// due at once.
+	clk.jump(55 * time.Minute)
+	tick(t, clk.FakeClock, time.Minute)
+	eventually(t, "the renewal after the step", func() bool { return srv.count() == 2 })
+	eventually(t, "OwnGrant renewed", func() bool {
+		got, _ := h.OwnGrant()
+		return string(got) == string(renewed)
+	})
+}
+
 // newIssuer starts a test issuer on loopback, closed when the test ends.
 func newIssuer(t *testing.T) *granttest.Issuer {
 	iss := granttest.NewIssuer(granttest.Options{})

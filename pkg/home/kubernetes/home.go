@@ -62,13 +62,15 @@ type Home struct {
 	onLost    func(ctx context.Context, reason string)
 	lost      map[string]bool // reasons already queued
 	pending   []string        // reasons not yet delivered
-	// claimsFailingSince is when the referenced claims were first
-	// unreadable in a row of rounds that read the Pod; zero while they
-	// read, and after a round that could not read the Pod.
-	claimsFailingSince time.Time
-	failing            map[string]bool // what is failing, to log changes only
-	keysFailing        bool            // the last key refresh failed
-	lostSignal         chan struct{}
+	// claimsUnservedSince is the time of the round from which the live
+	// Pod's claims have not all been served; zero while they are (see
+	// checkClaims). lastPodRound is the time of the last round that read
+	// the live Pod.
+	claimsUnservedSince time.Time
+	lastPodRound        time.Time
+	failing             map[string]bool // what is failing, to log changes only
+	keysFailing         bool            // the last key refresh failed
+	lostSignal          chan struct{}
 }
 
 // New builds the home. It reads nothing from the cluster. The first read
@@ -361,7 +363,7 @@ func (h *Home) SetIssuerReachable(reachable bool) {
 	h.paused = false
 	h.health.Resume()
 	h.mu.Lock()
-	h.claimsFailingSince = time.Time{}
+	h.claimsUnservedSince = time.Time{}
 	h.mu.Unlock()
 	h.log.Info("API server marked reachable by the override; polls resumed")
 }

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -224,32 +225,47 @@ func TestEndpointHostGivesUpAfterPodIPWait(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			logs := logtest.Recorder{Verbosity: 1}
 			h, k, clk := newHome(t, func(c *kubernetes.Config) { c.Family = endpoint.Inet6; c.Logger = logs.Logger() })
-			if tt.readsErr {
-				// Each read fails with its own error, so the log tells
-				// which one it carries.
-				var n atomic.Int32
-				k.Intercept(fake.GetPod, func(context.Context, string, string) error {
-					return fmt.Errorf("kubelet has not written it (read %d)", n.Add(1))
-				})
-			} else {
+			if !tt.readsErr {
 				p := newPod()
 				p.Status.PodIP, p.Status.PodIPs = "10.0.0.7", []corev1.PodIP{{IP: "10.0.0.7"}}
 				k.SetPod(p)
 			}
+			// Each read is let through by the loop below and answers at
+			// once; one that fails fails with its own error, so the log
+			// tells which one it carries.
+			began, answer := make(chan struct{}), make(chan struct{})
+			var n atomic.Int32
+			k.Intercept(fake.GetPod, func(context.Context, string, string) error {
+				began <- struct{}{}
+				<-answer
+				if tt.readsErr {
+					return fmt.Errorf("kubelet has not written it (read %d)", n.Add(1))
+				}
+				return nil
+			})
 			got := make(chan string, 1)
 			go func() { got <- h.EndpointHost() }()
 			start := clk.Now()
 			for {
 				select {
+				case <-began:
+					// One step of the clock per read: whether it lands
+					// while the read ends or while the next one is awaited,
+					// the next read begins 500ms after this one did.
+					answer <- struct{}{}
+					eventually(t, "EndpointHost waiting on the clock", clk.HasWaiters)
+					clk.Step(500 * time.Millisecond)
 				case ip := <-got:
 					if ip != "" {
 						t.Fatalf("EndpointHost() = %q, want \"\"", ip)
 					}
-					if waited := clk.Since(start); waited < 90*time.Second {
+					// The last read begins at 89.5s: one at 90s would have
+					// nothing left of the wait.
+					if waited := clk.Since(start); waited != 90*time.Second {
 						t.Fatalf("gave up after %v, want 90s", waited)
 					}
-					if n := k.Calls(fake.GetPod); n != 181 {
-						t.Errorf("%d Pod reads in 90s, want 181 (one at once, then one per 500ms)", n)
+					if n := k.Calls(fake.GetPod); n != 180 {
+						t.Errorf("%d Pod reads in 90s, want 180 (one at once, then one per 500ms while the wait lasts)", n)
 					}
 					if !tt.readsErr {
 						return
@@ -257,18 +273,112 @@ func TestEndpointHostGivesUpAfterPodIPWait(t *testing.T) {
 					if n := len(logs.Matching("kubelet has not written it")); n != 1 {
 						t.Fatalf("the read error was logged %d times, want once", n)
 					}
-					if n := len(logs.Matching("kubelet has not written it (read 181)")); n != 1 {
+					if n := len(logs.Matching("kubelet has not written it (read 180)")); n != 1 {
 						t.Fatalf("the logged read error is not the last one; log:\n%s", logs.String())
 					}
 					return
-				default:
+				case <-time.After(10 * time.Second):
+					t.Fatal("EndpointHost neither read the Pod again nor gave up")
 				}
-				if clk.HasWaiters() {
-					clk.Step(500 * time.Millisecond)
-				}
-				time.Sleep(100 * time.Microsecond)
 			}
 		})
+	}
+}
+
+// "reads the Pod every podIPRetry": a read begins 500ms after the one
+// before it began, whatever that one took, and at once when it took longer.
+func TestEndpointHostReadsEveryPodIPRetryFromTheirStart(t *testing.T) {
+	h, k, clk := newHome(t, func(c *kubernetes.Config) { c.Family = endpoint.Inet4 })
+	p := newPod()
+	p.Status.PodIP, p.Status.PodIPs = "", nil
+	k.SetPod(p)
+	took := []time.Duration{300 * time.Millisecond, 300 * time.Millisecond, 700 * time.Millisecond, 0}
+	began := make(chan time.Duration, len(took))
+	var n atomic.Int32
+	k.Intercept(fake.GetPod, func(context.Context, string, string) error {
+		i := int(n.Add(1)) - 1
+		began <- clk.Since(epoch)
+		if i < len(took) {
+			clk.Step(took[i]) // the API server takes this long to answer
+		}
+		if i == len(took)-1 {
+			k.SetPod(newPod()) // the kubelet wrote the address
+		}
+		return nil
+	})
+	got := make(chan string, 1)
+	go func() { got <- h.EndpointHost() }()
+	next := func(want time.Duration) {
+		t.Helper()
+		select {
+		case at := <-began:
+			if at != want {
+				t.Fatalf("a read began at %v, want %v", at, want)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("no read began at %v", want)
+		}
+	}
+	next(0)
+	// 300ms in: 200ms more to the next read.
+	tick(t, clk, 200*time.Millisecond)
+	next(500 * time.Millisecond)
+	tick(t, clk, 200*time.Millisecond)
+	next(time.Second)
+	// This read takes 700ms: the next begins as it ends, with no wait.
+	next(1700 * time.Millisecond)
+	if ip := <-got; ip != "10.0.0.7" {
+		t.Fatalf("EndpointHost() = %q, want 10.0.0.7", ip)
+	}
+}
+
+// "for up to podIPWait": each read is bounded by Poll and by what is left
+// of the wait, on the clock, so an API server that never answers cannot
+// hold the wait past 90s. Poll is 20s here: reads at 0, 20, 40, 60 and 80s,
+// the last one cut at 90s.
+func TestEndpointHostNeverOverrunsPodIPWait(t *testing.T) {
+	h, k, clk := newHome(t, func(c *kubernetes.Config) { c.Family = endpoint.Inet4; c.Poll = 20 * time.Second })
+	var began []time.Duration
+	var mu sync.Mutex
+	k.Intercept(fake.GetPod, func(ctx context.Context, _, _ string) error {
+		mu.Lock()
+		began = append(began, clk.Since(epoch))
+		mu.Unlock()
+		<-ctx.Done() // an API server that never answers
+		return ctx.Err()
+	})
+	got := make(chan string, 1)
+	go func() { got <- h.EndpointHost() }()
+	for {
+		select {
+		case ip := <-got:
+			if ip != "" {
+				t.Fatalf("EndpointHost() = %q, want \"\"", ip)
+			}
+			if waited := clk.Since(epoch); waited != 90*time.Second {
+				t.Fatalf("gave up after %v on the clock, want podIPWait, 90s", waited)
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			want := []time.Duration{0, 20 * time.Second, 40 * time.Second, 60 * time.Second, 80 * time.Second}
+			if !slices.Equal(began, want) {
+				t.Fatalf("reads began at %v, want %v", began, want)
+			}
+			return
+		default:
+		}
+		// A read in flight waits on the clock for its bound; nothing else
+		// ends it.
+		deadline := time.Now().Add(10 * time.Second)
+		for !clk.HasWaiters() && len(got) == 0 {
+			if time.Now().After(deadline) {
+				t.Fatalf("at %v on the clock a read waits for nothing on it: no bound on the clock", clk.Since(epoch))
+			}
+			time.Sleep(time.Millisecond)
+		}
+		if len(got) == 0 {
+			clk.Step(time.Second)
+		}
 	}
 }
 
@@ -321,7 +431,8 @@ func TestEndpointHostLogsTheLastOutcome(t *testing.T) {
 func TestEndpointHostWaitCutShort(t *testing.T) {
 	for _, by := range []string{"Close", "Run's context"} {
 		t.Run(by, func(t *testing.T) {
-			h, k, _ := newHome(t, func(c *kubernetes.Config) { c.Family = endpoint.Inet4 })
+			logs := logtest.Recorder{Verbosity: 1}
+			h, k, _ := newHome(t, func(c *kubernetes.Config) { c.Family = endpoint.Inet4; c.Logger = logs.Logger() })
 			p := newPod()
 			p.Status.PodIP, p.Status.PodIPs = "", nil
 			k.SetPod(p)
@@ -344,6 +455,13 @@ func TestEndpointHostWaitCutShort(t *testing.T) {
 				}
 			case <-time.After(10 * time.Second):
 				t.Fatal("EndpointHost still waits")
+			}
+			// Cut short is no giving up: no error is logged for it.
+			if l := logs.Matching("no address"); len(l) != 0 {
+				t.Fatalf("a wait cut short logged %q", l)
+			}
+			if l := logs.Matching("cut short"); len(l) != 1 {
+				t.Fatalf("want one line saying the wait was cut short; log:\n%s", logs.String())
 			}
 		})
 	}

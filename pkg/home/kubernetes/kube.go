@@ -123,12 +123,27 @@ type kube struct {
 	version string // the resource.k8s.io version claims are read at; "": none served
 }
 
+// GetPod reads the Pod. NotFound is the API server's own answer for it
+// (see apiNotFound); a 404 from something in front of the API server is
+// an error of another kind, so it is neither a deleted Pod nor an answer.
 func (k *kube) GetPod(ctx context.Context, namespace, name string) (*corev1.Pod, error) {
-	return k.cs.CoreV1().Pods(namespace).Get(ctx, name, metav1.GetOptions{})
+	p, err := k.cs.CoreV1().Pods(namespace).Get(ctx, name, metav1.GetOptions{})
+	return p, ownNotFound(err, "pod", name)
 }
 
+// GetNamespace reads the Namespace; NotFound as for GetPod.
 func (k *kube) GetNamespace(ctx context.Context, name string) (*corev1.Namespace, error) {
-	return k.cs.CoreV1().Namespaces().Get(ctx, name, metav1.GetOptions{})
+	ns, err := k.cs.CoreV1().Namespaces().Get(ctx, name, metav1.GetOptions{})
+	return ns, ownNotFound(err, "namespace", name)
+}
+
+// ownNotFound is err, except that a NotFound the API server did not send
+// for name becomes an error that is no NotFound and says what answered.
+func ownNotFound(err error, kind, name string) error {
+	if !apierrors.IsNotFound(err) || apiNotFound(err, name) {
+		return err
+	}
+	return fmt.Errorf("GET %s %s answered 404 without naming it: something in front of the API server (a proxy?) does not know the path: %v", kind, name, err)
 }
 
 // GetResourceClaim reads the claim at the resource.k8s.io version last
@@ -146,7 +161,7 @@ func (k *kube) GetResourceClaim(ctx context.Context, namespace, name string) (*m
 	k.mu.Unlock()
 	if version != "" {
 		c, err := k.getClaim(ctx, version, namespace, name)
-		if !apierrors.IsNotFound(err) || claimNotFound(err, name) {
+		if !apierrors.IsNotFound(err) || apiNotFound(err, name) {
 			return c, err
 		}
 	}
@@ -158,7 +173,7 @@ func (k *kube) GetResourceClaim(ctx context.Context, namespace, name string) (*m
 		return nil, ErrNoResourceClaims
 	case now != version:
 		c, err := k.getClaim(ctx, now, namespace, name)
-		if !apierrors.IsNotFound(err) || claimNotFound(err, name) {
+		if !apierrors.IsNotFound(err) || apiNotFound(err, name) {
 			return c, err
 		}
 	}
@@ -185,12 +200,12 @@ func (k *kube) rediscover(ctx context.Context) (string, error) {
 	return version, nil
 }
 
-// claimNotFound reports whether err is the API server's answer for a
-// ResourceClaim name that does not exist: a Status it sent, NotFound,
-// naming the claim. client-go makes a NotFound of any 404, with the
-// request's name in it; one built from a body that was no Status carries
-// the cause UnexpectedServerResponse.
-func claimNotFound(err error, name string) bool {
+// apiNotFound reports whether err is the API server's answer for an
+// object name that does not exist: a Status it sent, NotFound, naming the
+// object. client-go makes a NotFound of any 404, with the request's name in
+// it; one built from a body that was no Status carries the cause
+// UnexpectedServerResponse.
+func apiNotFound(err error, name string) bool {
 	var se apierrors.APIStatus
 	if !apierrors.IsNotFound(err) || apierrors.IsUnexpectedServerError(err) || !errors.As(err, &se) {
 		return false

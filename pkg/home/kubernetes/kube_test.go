@@ -33,6 +33,8 @@ type apiServer struct {
 	// front404 makes every claim path answer the plain 404 of something in
 	// front of the API server that does not know the path.
 	front404 bool
+	// front404Core does the same for the Pod and Namespace paths.
+	front404Core bool
 }
 
 // set changes what s serves, under its lock.
@@ -60,9 +62,26 @@ func newAPIServer(t *testing.T, versions []string) *apiServer {
 		if r.Method == http.MethodPatch {
 			s.patch = body
 		}
-		versions, claimGone, front404 := s.versions, s.claimGone, s.front404
+		versions, claimGone, front404, front404Core := s.versions, s.claimGone, s.front404, s.front404Core
 		s.mu.Unlock()
 		p := r.URL.Path
+		if front404Core && strings.HasPrefix(p, "/api/v1/namespaces/") {
+			http.NotFound(w, r)
+			return
+		}
+		if name, ok := strings.CutPrefix(p, "/api/v1/namespaces/team-a/pods/"); ok && name != testPod && name != testPod+"/status" {
+			// The API server's answer for a Pod that does not exist: a
+			// Status naming it.
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusNotFound)
+			_ = json.NewEncoder(w).Encode(metav1.Status{
+				TypeMeta: metav1.TypeMeta{Kind: "Status", APIVersion: "v1"},
+				Status:   metav1.StatusFailure, Reason: metav1.StatusReasonNotFound, Code: http.StatusNotFound,
+				Message: `pods "` + name + `" not found`,
+				Details: &metav1.StatusDetails{Name: name, Kind: "pods"},
+			})
+			return
+		}
 		if version, ok := strings.CutPrefix(p, "/apis/resource.k8s.io/"); ok && strings.HasSuffix(p, "/resourceclaims/gpu") {
 			version, _, _ = strings.Cut(version, "/")
 			if front404 || !slices.Contains(versions, version) {
@@ -183,6 +202,16 @@ func TestNewKubeRequests(t *testing.T) {
 	if _, err := k.GetPod(t.Context(), testNS, "gone"); !apierrors.IsNotFound(err) {
 		t.Fatalf("GetPod of a missing Pod: %v, want NotFound", err)
 	}
+	// A 404 that does not come from the API server for the object (a
+	// proxy's) is no NotFound: neither a deleted Pod nor an answer for it.
+	s.set(func(s *apiServer) { s.front404Core = true })
+	if _, err := k.GetPod(t.Context(), testNS, testPod); err == nil || apierrors.IsNotFound(err) || !strings.Contains(err.Error(), "in front of the API server") {
+		t.Fatalf("GetPod answered by a proxy's 404: %v, want an error that is no NotFound and says what answered", err)
+	}
+	if _, err := k.GetNamespace(t.Context(), testNS); err == nil || apierrors.IsNotFound(err) || !strings.Contains(err.Error(), "in front of the API server") {
+		t.Fatalf("GetNamespace answered by a proxy's 404: %v, want an error that is no NotFound", err)
+	}
+	s.set(func(s *apiServer) { s.front404Core = false })
 	patch := []byte(`{"status":{"conditions":[{"type":"fiberd.io/zygote-ready","status":"True"}]}}`)
 	if err := k.PatchPodStatus(t.Context(), testNS, testPod, patch); err != nil {
 		t.Fatalf("PatchPodStatus: %v", err)

@@ -4,10 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
 // The reasons a scope is lost, as OnScopeLost receives them. A claim's
@@ -25,40 +27,107 @@ const (
 // under the live Pod.
 func reasonClaimDeleted(name string) string { return "resource claim " + name + " deleted" }
 
-// pollLoop runs a round at once and then one per Poll, until ctx ends.
+// pollLoop runs a round at once and then one per Poll, until ctx ends. A
+// round's time is its tick's, the time it was due, so rounds are exactly
+// Poll apart however late each one starts.
 func (h *Home) pollLoop(ctx context.Context) {
 	t := h.clk.NewTicker(h.cfg.Poll)
 	defer t.Stop()
+	at, read := h.clk.Now(), false
 	for {
-		h.round(ctx)
+		read = h.round(ctx, at, read)
 		select {
 		case <-ctx.Done():
 			return
-		case <-t.C():
+		case at = <-t.C():
 		}
 	}
 }
 
-// round is one poll round: the Pod, its Namespace and, for the live Pod
-// just read, its ResourceClaims; then the repair of the readiness
+// claimRead is one ResourceClaim's read in a round.
+type claimRead struct {
+	claim *metav1.PartialObjectMetadata
+	err   error
+	// late is set for a read begun after the Pod's (a claim the Pod
+	// stored before did not name): it had only what was left of the round.
+	late bool
+}
+
+// round is one poll round, due at at: the Pod, its Namespace and, for the
+// live Pod just read, its ResourceClaims; then the repair of the readiness
 // condition. Everything in it is bounded by Poll, and it waits for nothing
 // else: not for a readiness patch in flight, whose condition a later round
-// repairs. It is skipped while the override pauses the polls.
-func (h *Home) round(ctx context.Context) {
+// repairs. It is skipped while the override pauses the polls. It reports
+// whether it read the live Pod.
+//
+// The reads begin together, so each one has the whole round: the Pod, the
+// Namespace and, when the last round read the live Pod (prev), the claims
+// the stored Pod names (a claim a Pod names never changes; one generated
+// from a template is named once it exists). A claim only the Pod just read
+// names is read after it, with what is left. So while the API server
+// answers for the Pod its claims are read beside it, and while it does not
+// they are not read at all. What the reads found is judged once they all
+// ended, in order: the Pod, the Namespace, the claims.
+func (h *Home) round(ctx context.Context, at time.Time, prev bool) bool {
 	if h.isPaused() {
-		return
+		return false
 	}
-	now := h.clk.Now() // the round's time, for the claims' count
 	ctx, cancel := context.WithTimeout(ctx, h.cfg.Poll)
 	defer cancel()
+	var wg sync.WaitGroup
+	defer wg.Wait()
 
-	// live is the Pod just read when it is this Pod and not terminating:
-	// its claims are checked and its condition repaired.
-	var live *corev1.Pod
+	var (
+		ns    *corev1.Namespace
+		nsErr error
+	)
+	wg.Go(func() { ns, nsErr = h.kube.GetNamespace(ctx, h.cfg.PodNamespace) })
+	reads := map[string]*claimRead{}
+	readClaim := func(name string, late bool) {
+		r := &claimRead{late: late}
+		reads[name] = r
+		wg.Go(func() { r.claim, r.err = h.kube.GetResourceClaim(ctx, h.cfg.PodNamespace, name) })
+	}
+	if p := h.storedPod(); prev && p != nil && p.DeletionTimestamp == nil {
+		for _, name := range podClaims(p) {
+			readClaim(name, false)
+		}
+	}
+
 	pod, err := h.kube.GetPod(ctx, h.cfg.PodNamespace, h.cfg.PodName)
+	live := h.judgePod(pod, err)
+	var names []string
+	if live != nil {
+		names = podClaims(live)
+		for _, name := range names {
+			if reads[name] == nil {
+				readClaim(name, true)
+			}
+		}
+	}
+	wg.Wait()
+	h.judgeNamespace(ns, nsErr)
+	if live == nil {
+		// An API server that does not answer for the Pod is liveness, not
+		// scope: the claims are the live Pod's, and are judged only in a
+		// round that read it (design decision 89).
+		return false
+	}
+	h.checkClaims(ctx, at, names, reads)
+	h.repairCondition(ctx, live)
+	return true
+}
+
+// judgePod acts on the round's read of the Pod and returns the Pod when it
+// is this Pod and not terminating: its claims are then judged and its
+// condition repaired. Any answer of the API server for the Pod is a sync,
+// a NotFound or a Pod of another UID included: liveness is the API server
+// answering, whatever it says.
+func (h *Home) judgePod(pod *corev1.Pod, err error) *corev1.Pod {
 	switch {
 	case apierrors.IsNotFound(err):
 		h.noteErr("pod", nil)
+		h.markSync()
 		h.lose(reasonPodDeleted)
 	case err != nil:
 		h.noteErr("pod", fmt.Errorf("pod %s/%s: %w", h.cfg.PodNamespace, h.cfg.PodName, err))
@@ -73,12 +142,15 @@ func (h *Home) round(ctx context.Context) {
 		h.storePod(pod)
 		if pod.DeletionTimestamp != nil {
 			h.lose(reasonPodTerminating)
-		} else {
-			live = pod
+			return nil
 		}
+		return pod
 	}
+	return nil
+}
 
-	ns, err := h.kube.GetNamespace(ctx, h.cfg.PodNamespace)
+// judgeNamespace acts on the round's read of the Namespace.
+func (h *Home) judgeNamespace(ns *corev1.Namespace, err error) {
 	switch {
 	case apierrors.IsNotFound(err):
 		h.noteErr("namespace", nil)
@@ -91,52 +163,54 @@ func (h *Home) round(ctx context.Context) {
 			h.lose(reasonNamespaceTerminating)
 		}
 	}
-
-	if live == nil {
-		// An API server that does not answer for the Pod is liveness, not
-		// scope: the claims are not read, and the count of how long they
-		// went unserved starts over (design decision 45). Claim reads that
-		// failed at the edges of an outage (a round cut in the middle, an
-		// API server that serves Pods before resource.k8s.io as it starts)
-		// do not add up across it.
-		h.mu.Lock()
-		h.claimsFailingSince = time.Time{}
-		h.mu.Unlock()
-		return
-	}
-	h.checkClaims(ctx, now, podClaims(live))
-	h.repairCondition(ctx, live)
 }
 
-// checkClaims reads each claim the live Pod uses. A claim gone or being
-// deleted loses the scope; claims unreadable for StaleTTL in a row of
-// rounds that each read the Pod lose it too.
-func (h *Home) checkClaims(ctx context.Context, now time.Time, names []string) {
+// checkClaims judges the reads of the claims the live Pod uses, in a round
+// due at at. A claim gone or being deleted loses the scope. Claims the
+// cluster has not served for StaleTTL lose it too: the time runs from the
+// first round that read the live Pod but not every claim, through rounds
+// that could not read the Pod, until a round serves them all (design
+// decision 89). It starts over only after an outage, a round that reads
+// the Pod more than StaleTTL after the last one that did: claim reads that
+// failed at the edges of an outage do not add up across it. A late read
+// the round's end cut short is no answer: it neither starts the count nor
+// ends it.
+func (h *Home) checkClaims(ctx context.Context, at time.Time, names []string, reads map[string]*claimRead) {
 	var failed error
+	cut := false
 	for _, name := range names {
-		c, err := h.kube.GetResourceClaim(ctx, h.cfg.PodNamespace, name)
+		r := reads[name]
 		switch {
-		case apierrors.IsNotFound(err):
+		case apierrors.IsNotFound(r.err):
 			h.lose(reasonClaimDeleted(name))
-		case err != nil:
-			failed = errors.Join(failed, fmt.Errorf("resource claim %s/%s: %w", h.cfg.PodNamespace, name, err))
-		case c.DeletionTimestamp != nil:
+		case r.err != nil && r.late && ctx.Err() != nil:
+			cut = true
+		case r.err != nil:
+			failed = errors.Join(failed, fmt.Errorf("resource claim %s/%s: %w", h.cfg.PodNamespace, name, r.err))
+		case r.claim.DeletionTimestamp != nil:
 			h.lose(reasonClaimDeleted(name))
 		}
 	}
-	h.noteErr("resource claims", failed)
+	if cut && failed == nil {
+		h.log.V(1).Info("A claim read begun after the Pod's was cut by the round's end; the claims are judged next round", "poll", h.cfg.Poll)
+	} else {
+		h.noteErr("resource claims", failed)
+	}
+
 	h.mu.Lock()
-	if failed == nil {
-		h.claimsFailingSince = time.Time{}
-		h.mu.Unlock()
-		return
+	if !h.lastPodRound.IsZero() && at.Sub(h.lastPodRound) > h.cfg.StaleTTL {
+		h.claimsUnservedSince = time.Time{} // an outage: the count starts over
 	}
-	if h.claimsFailingSince.IsZero() {
-		h.claimsFailingSince = now
+	h.lastPodRound = at
+	switch {
+	case failed == nil && !cut:
+		h.claimsUnservedSince = time.Time{}
+	case failed != nil && h.claimsUnservedSince.IsZero():
+		h.claimsUnservedSince = at
 	}
-	since := h.claimsFailingSince
+	since := h.claimsUnservedSince
 	h.mu.Unlock()
-	if now.Sub(since) >= h.cfg.StaleTTL {
+	if !since.IsZero() && at.Sub(since) >= h.cfg.StaleTTL {
 		h.lose(reasonClaimsUnreadable)
 	}
 }
@@ -276,19 +350,31 @@ func (h *Home) renewLoop(ctx context.Context) {
 	}
 }
 
-// sleepUntil waits on the clock until t, and reports false when ctx ended
-// first.
+// recheckEvery is the longest sleepUntil sleeps before it reads the clock
+// again.
+const recheckEvery = time.Minute
+
+// sleepUntil waits on the clock until it reads t or later, and reports
+// false when ctx ended first. It reads the clock again at least every
+// recheckEvery: t is a wall-clock time (a grant's renewal time, from the
+// token), and a timer runs on the monotonic clock, so a step of the wall
+// clock (NTP, a VM resumed) moves the wake-up with it within a minute
+// instead of leaving it set for the distance computed before the step.
 func (h *Home) sleepUntil(ctx context.Context, t time.Time) bool {
-	d := t.Sub(h.clk.Now())
-	if d <= 0 {
-		return ctx.Err() == nil
-	}
-	tm := h.clk.NewTimer(d)
-	defer tm.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-tm.C():
-		return true
+	for {
+		if ctx.Err() != nil {
+			return false
+		}
+		d := t.Sub(h.clk.Now())
+		if d <= 0 {
+			return true
+		}
+		tm := h.clk.NewTimer(min(d, recheckEvery))
+		select {
+		case <-ctx.Done():
+			tm.Stop()
+			return false
+		case <-tm.C():
+		}
 	}
 }

@@ -327,12 +327,13 @@ func TestScopeLostClaimsUnreadableForStaleTTL(t *testing.T) {
 
 // "Control-plane liveness is the API server answering for the Pod": an
 // outage is staleness, for a Pod with claims as for one without. The claims
-// are the live Pod's, so they are read, and counted as not served, only in
-// rounds that read the Pod, and a round that cannot read it starts the
-// count over (design decision 45): an outage longer than the stale TTL
-// loses no scope, nor do claim reads that failed before it and fail again
-// after it; the stale TTL runs from the first round after it that reads
-// the Pod but not its claims.
+// are the live Pod's, so they are counted as not served only in rounds that
+// read the Pod, and read only beside a Pod read while the API server
+// answers for it; an outage (the Pod unread for longer than the stale TTL)
+// starts the count over (design decision 89): an outage longer than the
+// stale TTL loses no scope, nor do claim reads that failed before it and
+// fail again after it; the stale TTL runs from the first round after it
+// that reads the Pod but not its claims.
 func TestOutageWithClaimsIsStalenessNotScopeLoss(t *testing.T) {
 	h, k, clk := newHome(t, func(c *kubernetes.Config) { c.StaleTTL = 10 * time.Second; c.Poll = 2 * time.Second })
 	k.SetPod(withClaim(newPod(), "gpu"))
@@ -360,8 +361,8 @@ func TestOutageWithClaimsIsStalenessNotScopeLoss(t *testing.T) {
 	if got := lost.get(); len(got) != 0 {
 		t.Fatalf("an API server outage lost the scope: %q", got)
 	}
-	if n := k.Calls(fake.GetResourceClaim); n != 2 {
-		t.Fatalf("%d claim reads, want only rounds 1 and 2's: the claims are read for a Pod just read", n)
+	if n := k.Calls(fake.GetResourceClaim); n != 3 {
+		t.Fatalf("%d claim reads, want rounds 1, 2 and 3's: the claims are read beside the Pod only after a round that read it", n)
 	}
 
 	// The API server answers for the Pod again, but not for its claims: the
@@ -371,7 +372,7 @@ func TestOutageWithClaimsIsStalenessNotScopeLoss(t *testing.T) {
 	for i := 13; i <= 17; i++ { // 24s to 32s: 8s of claims not served
 		tick(t, clk, 2*time.Second)
 		eventually(t, fmt.Sprintf("round %d's claim read", i), func() bool {
-			return k.Calls(fake.GetNamespace) >= i && k.Calls(fake.GetResourceClaim) >= i-10
+			return k.Calls(fake.GetNamespace) >= i && k.Calls(fake.GetResourceClaim) >= i-9
 		})
 	}
 	settle()
@@ -533,5 +534,109 @@ func TestSecondRunReturnsAtOnce(t *testing.T) {
 	settle()
 	if n := k.Calls(fake.GetPod); n != 2 {
 		t.Fatalf("%d Pod reads after one tick, want 2: the second Run polls too", n)
+	}
+}
+
+// "or the cluster has not served the claims for the stale TTL": an API
+// server that answers every read within Poll serves them, however slowly.
+// The Pod read and the claim read each take 60% of Poll; the round does
+// not cut the claim's for the Pod's. (Round bounds are I/O time, so Poll is
+// real time here; the rounds' own times are the fake clock's.)
+func TestSlowAnswersWithinPollServeTheClaims(t *testing.T) {
+	const poll = time.Second
+	h, k, clk := newHome(t, func(c *kubernetes.Config) { c.StaleTTL = 4 * poll; c.Poll = poll })
+	k.SetPod(withClaim(newPod(), "gpu"))
+	k.SetResourceClaim(newClaim("gpu"))
+	var podsDone, claimsDone atomic.Int32
+	slow := func(done *atomic.Int32) fake.InterceptFunc {
+		return func(ctx context.Context, _, _ string) error {
+			defer done.Add(1)
+			select {
+			case <-time.After(poll * 6 / 10):
+				return nil
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+	}
+	k.Intercept(fake.GetPod, slow(&podsDone))
+	k.Intercept(fake.GetResourceClaim, slow(&claimsDone))
+	var lost scopeLosses
+	h.OnScopeLost(lost.fn)
+	run(t, h)
+	// Rounds at 0s to 5s on the clock: more than the stale TTL of them.
+	for i := 1; i <= 6; i++ {
+		eventually(t, fmt.Sprintf("round %d's reads ended", i), func() bool {
+			return podsDone.Load() >= int32(i) && claimsDone.Load() >= int32(i)
+		})
+		if i < 6 {
+			tick(t, clk, poll)
+		}
+	}
+	settle()
+	if got := lost.get(); len(got) != 0 {
+		t.Fatalf("scope lost %q with every read answered within Poll", got)
+	}
+	if !h.Health().Healthy() {
+		t.Fatal("unhealthy with every Pod read answered within Poll")
+	}
+}
+
+// "or the cluster has not served the claims for the stale TTL", while Pod
+// reads flap: a round that cannot read the Pod neither serves the claims
+// nor starts their count over, so claims never served are judged although
+// every other Pod read fails (and the health stays good throughout).
+func TestClaimsJudgedWhilePodReadsFlap(t *testing.T) {
+	h, k, clk := newHome(t, func(c *kubernetes.Config) { c.StaleTTL = 10 * time.Second; c.Poll = 2 * time.Second })
+	k.SetPod(withClaim(newPod(), "gpu"))
+	k.Fail(fake.GetResourceClaim, errors.New("the server is currently unable to handle the request"))
+	var n atomic.Int32
+	k.Intercept(fake.GetPod, func(context.Context, string, string) error {
+		if n.Add(1)%2 == 0 {
+			return errors.New("http2: client connection lost")
+		}
+		return nil
+	})
+	var lost scopeLosses
+	h.OnScopeLost(lost.fn)
+	run(t, h)
+	// Round i is at 2(i-1)s; the odd rounds read the Pod and not its claim,
+	// from 0s on.
+	for i := 1; i <= 6; i++ {
+		rounds(t, k, i)
+		settle()
+		if got := lost.get(); len(got) != 0 {
+			t.Fatalf("scope lost %q at %v, before the stale TTL", got, clk.Since(epoch))
+		}
+		if !h.Health().Healthy() {
+			t.Fatalf("unhealthy at %v with every other Pod read answered", clk.Since(epoch))
+		}
+		tick(t, clk, 2*time.Second)
+	}
+	// Round 7, at 12s, reads the Pod: the claim has not been served for
+	// 12s, more than the stale TTL.
+	eventually(t, "claims unreadable", func() bool { return lost.count("resource claims unreadable") == 1 })
+}
+
+// "Control-plane liveness is the API server answering for the Pod": a
+// NotFound is an answer, as a Pod of another UID is. After a Pod is
+// deleted, the health stays in sync while the API server keeps answering.
+func TestPodNotFoundIsAnAnswer(t *testing.T) {
+	h, k, clk := newHome(t, nil)
+	var lost scopeLosses
+	h.OnScopeLost(lost.fn)
+	run(t, h)
+	rounds(t, k, 1)
+	k.DeletePod(testNS, testPod)
+	for i := 2; i <= 4; i++ {
+		tick(t, clk, 15*time.Second)
+		rounds(t, k, i)
+	}
+	eventually(t, "the last NotFound marked as a sync", func() bool { return h.Health().LastSync().Equal(epoch.Add(45 * time.Second)) })
+	if !h.Health().Healthy() {
+		t.Fatal("unhealthy while the API server answers NotFound for the Pod")
+	}
+	if n := lost.count("pod deleted"); n != 1 {
+		t.Fatalf("\"pod deleted\" delivered %d times, want once", n)
 	}
 }
