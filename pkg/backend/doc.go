@@ -38,15 +38,18 @@
 // identity and waiting on a socket of their own; a Clone that finds one
 // puts it in the leaf and sends it TAKE instead of CLONE.
 //
-// The leaf is the fiber's cgroup directory, or, for an isolated zygote
-// (whose user may not open it), its cgroup.procs already opened for
-// writing by fiberd; the kernel checks the opener. CLONED's pid is in the
+// The leaf is an O_PATH descriptor of the fiber's cgroup.procs: it carries
+// none of fiberd's rights, and the child opens /proc/self/fd/<leaf> for
+// writing with its own credentials (the kernel checks the opener). For an
+// isolated grant fiberd gives the grant's user the cgroup.procs of the
+// grant's cgroup and of each leaf, so it may move its own child from the
+// zygote's leaf to the fiber's, and nothing from outside the grant. CLONED's pid is in the
 // zygote's PID namespace; a pidfd of the fiber attached to it lets fiberd
 // find the process in its own (without one, fiberd looks the pid up among
 // the zygote's children, by NSpid).
 //
 // The zygote forks; the child starts a new session, enters the leaf (writes
-// "0" to cgroup.procs through the leaf descriptor), gets the listener as
+// "0" to cgroup.procs opened through the leaf descriptor), gets the listener as
 // descriptor 3 with LISTEN_FDS=1, LISTEN_PID=<its pid>, FIBERD_FENCE and
 // FIBERD_PAYLOAD, and only then runs user code; the zygote answers CLONED
 // once that set-up succeeded. sdk/zygote/c and sdk/zygote/python implement

@@ -36,7 +36,8 @@ func sysPython(tb testing.TB) string {
 
 // pyFiles are the checkout's Python files the isolated tests run, by their
 // path in the checkout.
-var pyFiles = []string{"examples/templates/python/counter.py", "sdk/zygote/python/fiberzygote.py", "pkg/backend/testdata/attacker.py"}
+var pyFiles = []string{"examples/templates/python/counter.py", "sdk/zygote/python/fiberzygote.py", "pkg/backend/testdata/attacker.py",
+	"pkg/backend/testdata/forwarder.py", "pkg/backend/testdata/outsider.py"}
 
 var (
 	pyTreeOnce sync.Once

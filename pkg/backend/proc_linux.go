@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+	"golang.org/x/time/rate"
 
 	"fiberd.io/fiberd/pkg/cgroup"
 	"fiberd.io/fiberd/pkg/core"
@@ -72,6 +73,11 @@ type zygote struct {
 	// (held in the pool from start until wait has torn down).
 	level Isolation
 	id    uint32
+
+	// complaints counts what complain was asked to log since its last
+	// line; complaintsLog limits its lines.
+	complaints    atomic.Int64
+	complaintsLog rate.Sometimes
 
 	ready      chan struct{} // closed on READY
 	readerDone chan struct{} // closed when the reader has stopped
@@ -223,6 +229,7 @@ func (p *Proc) newZygote(uid string, spec template.Spec, level Isolation) *zygot
 		pending: map[string]*pendingClone{}, fibers: map[string]*fiber{},
 		forking: map[string]bool{}, taking: map[string]*spare{}, dropping: map[string]*spare{}, takenBy: map[string]string{},
 		spareWake: make(chan struct{}, 1), spareArrived: make(chan struct{}),
+		complaintsLog: rate.Sometimes{First: complaintsFirst, Interval: complaintsEvery},
 	}
 }
 
@@ -295,6 +302,14 @@ func (z *zygote) start(ctx context.Context, req WarmRequest) (err error) {
 		z.leaf = filepath.Join(req.Cgroup, "zygote")
 		if err := os.Mkdir(z.leaf, 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
 			return wrap(fmt.Errorf("zygote cgroup: %w", err))
+		}
+		if z.level != IsolationNone {
+			// The grant's user moves its fibers from the zygote's leaf
+			// into theirs, so it may write the cgroup.procs of their
+			// common ancestor, the grant's cgroup (see Clone).
+			if err := cgroup.At(req.Cgroup).ChownProcs(int(z.id)); err != nil {
+				return wrap(err)
+			}
 		}
 		lf, err := cgroup.At(z.leaf).Open()
 		if err != nil {
@@ -459,6 +474,25 @@ func (z *zygote) kill() {
 	_ = proc.Kill() // pidfd-backed: never hits a reused pid
 }
 
+// Complaints about what a zygote sent: the first complaintsFirst are
+// logged, then one per complaintsEvery, which says how many it stands for.
+const (
+	complaintsFirst = 5
+	complaintsEvery = time.Minute
+)
+
+// complain logs a line about something the zygote sent that fiberd dropped
+// or refused, rate-limited: what a template writes is its own, and a
+// template that floods its control socket with garbage costs fiberd's log a
+// few lines a minute, not one a message. "dropped" counts what the line
+// stands for, itself included.
+func (z *zygote) complain(msg string, kv ...any) {
+	z.complaints.Add(1)
+	z.complaintsLog.Do(func() {
+		z.p.log.Info(msg, append(kv, "grant", z.uid, "dropped", z.complaints.Swap(0))...)
+	})
+}
+
 // read handles the zygote's messages until the control socket ends.
 func (z *zygote) read() {
 	defer close(z.readerDone)
@@ -476,13 +510,13 @@ func (z *zygote) read() {
 		}
 		if flags&(unix.MSG_TRUNC|unix.MSG_CTRUNC) != 0 {
 			closeAll(fds)
-			z.p.log.Info("Zygote message too long; dropped", "grant", z.uid)
+			z.complain("Zygote message too long; dropped")
 			continue
 		}
 		m, err := parseMessage(buf[:n])
 		if err != nil {
 			closeAll(fds)
-			z.p.log.Info("Zygote message malformed; dropped", "grant", z.uid, "err", err.Error())
+			z.complain("Zygote message malformed; dropped", "err", err.Error())
 			continue
 		}
 		// CLONED may carry one descriptor, a pidfd of the fiber; SPARED
@@ -549,23 +583,24 @@ func (z *zygote) handle(m message, pidfd int) {
 			if pidfd >= 0 {
 				_ = unix.Close(pidfd)
 			}
-			p.log.Info("Zygote reported a fiber nobody asked for; ignored", "grant", z.uid, "fence", m.fence, "pid", m.pid)
+			z.complain("Zygote reported a fiber nobody asked for; ignored", "fence", m.fence, "pid", m.pid)
 			return
 		}
 		delete(z.pending, m.fence)
 		if pid == 0 {
-			// An isolated zygote's pid means nothing here, and fiberd
-			// cannot find the process: refuse the fiber, end what it can.
+			// The process is not the zygote's child (or, for an isolated
+			// zygote, cannot be found among its children): refuse the
+			// fiber, end what it can.
 			abandoned := pc.abandoned
 			z.mu.Unlock()
-			p.log.Error(perr, "Fiber of an isolated zygote not found; refused", "fence", m.fence, "zygotePid", m.pid)
+			z.complain("Zygote reported a fiber fiberd cannot find among its children; refused", "fence", m.fence, "zygotePid", m.pid, "err", perr.Error())
 			if pc.leaf != "" {
 				ctx, cancel := core.WithTimeout(context.Background(), p.cfg.Clock, p.cfg.KillTimeout)
 				_ = cgroup.At(pc.leaf).Kill(ctx)
 				cancel()
 			}
 			if !abandoned {
-				pc.ch <- cloneResult{err: fmt.Errorf("zygote reported fiber %d in its PID namespace, which fiberd cannot find: %v", m.pid, perr)}
+				pc.ch <- cloneResult{err: fmt.Errorf("zygote reported fiber %d, which is not a child of it that fiberd can find: %v", m.pid, perr)}
 			}
 			return
 		}
@@ -637,7 +672,7 @@ func (z *zygote) exited(m message) {
 	delete(z.fibers, m.fence)
 	z.mu.Unlock()
 	if f == nil {
-		p.log.Info("Zygote reported the exit of an unknown fiber; ignored", "grant", z.uid, "fence", m.fence)
+		z.complain("Zygote reported the exit of an unknown fiber; ignored", "fence", m.fence)
 		return
 	}
 	f.closePidfd() // the zygote reaped it
@@ -807,15 +842,22 @@ func (p *Proc) Clone(ctx context.Context, req CloneRequest) (Fiber, error) {
 	}
 
 	fds := []int{int(req.Listener.Fd())}
-	var leafF *os.File
 	if req.Leaf != "" {
+		// The child enters the leaf itself, with its own credentials: it
+		// gets an O_PATH descriptor of the leaf's cgroup.procs, which
+		// carries none of fiberd's (a descriptor fiberd opened for
+		// writing would let whoever the template passed it to move any
+		// process of the host into the leaf, and the release kill it).
+		// An isolated grant's user is given the leaf's cgroup.procs for
+		// that.
+		leaf := cgroup.At(req.Leaf)
 		var err error
-		if z.level == IsolationNone {
-			leafF, err = cgroup.At(req.Leaf).Open()
-		} else {
-			// The grant's user may not write cgroup.procs; a descriptor
-			// fiberd opened may (the kernel checks the opener).
-			leafF, err = os.OpenFile(filepath.Join(req.Leaf, "cgroup.procs"), os.O_WRONLY|syscall.O_CLOEXEC, 0)
+		if z.level != IsolationNone {
+			err = leaf.ChownProcs(int(z.id))
+		}
+		var leafF *os.File
+		if err == nil {
+			leafF, err = leaf.OpenEntry()
 		}
 		if err != nil {
 			drop()

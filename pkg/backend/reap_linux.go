@@ -34,8 +34,11 @@ import (
 const reapPollMillis = 100
 
 // fiberPidfd opens a pidfd on the process a zygote reported as its fiber
-// and checks it is that process: a child of the zygote (or already of
-// fiberd, should the zygote have died meanwhile) that has not been reaped.
+// and checks it is that process: a child of the zygote that has not been
+// reaped. A child of anyone else is refused, fiberd's own included (another
+// grant's zygote is one): what a zygote reports is the template's word, and
+// fiberd acts on no process the template did not fork (should the zygote
+// have died meanwhile, its grant goes cold and the Clone fails anyway).
 // The check closes the window in which the fiber ended, was reaped by the
 // zygote and its pid was reused before the pidfd was opened: the pidfd's
 // process, alive (or a zombie) both when the pidfd was opened and after
@@ -49,8 +52,8 @@ func fiberPidfd(pid, zygote int) (int, uint64, error) {
 		return -1, 0, os.NewSyscallError("pidfd_open", err)
 	}
 	st, err := procrec.ReadStat(pid)
-	if err == nil && st.PPid != zygote && st.PPid != os.Getpid() {
-		err = fmt.Errorf("process %d is a child of %d, not of the zygote %d", pid, st.PPid, zygote)
+	if err == nil && st.PPid != zygote {
+		err = fmt.Errorf("process %d is a child of %d, not of the zygote %d: %w", pid, st.PPid, zygote, errNotChild)
 	}
 	if err == nil {
 		// EPERM says it exists too (a zygote that changed user).
@@ -74,7 +77,8 @@ func fiberPidfd(pid, zygote int) (int, uint64, error) {
 // as is otherwise. It also returns the fiber's start time (see procrec),
 // 0 when it could not be read. It returns pid 0 when an isolated zygote's
 // fiber cannot be found; a pidfd of -1 with a pid means the fiber is not
-// tracked for reaping (why in err).
+// tracked for reaping (why in err). A pid or pidfd naming a process that is
+// not the zygote's child is refused (pid 0), whatever the isolation.
 func (z *zygote) fiberProcess(pid, pidfd int) (int, int, uint64, error) {
 	zpid := z.proc.Pid
 	if pidfd >= 0 {
@@ -82,17 +86,16 @@ func (z *zygote) fiberProcess(pid, pidfd int) (int, int, uint64, error) {
 		var st procrec.Stat
 		if err == nil {
 			st, err = procrec.ReadStat(host)
-			if err == nil && st.PPid != zpid && st.PPid != os.Getpid() {
-				err = fmt.Errorf("pidfd names process %d, which is not a child of the zygote %d", host, zpid)
+			if err == nil && st.PPid != zpid {
+				err = fmt.Errorf("pidfd names process %d, which is a child of %d, not of the zygote %d: %w", host, st.PPid, zpid, errNotChild)
 			}
 		}
 		if err == nil {
 			return host, pidfd, st.Start, nil
 		}
 		_ = unix.Close(pidfd)
-		if z.level == IsolationNone {
-			fd, start, ferr := fiberPidfd(pid, zpid)
-			return pid, fd, start, errors.Join(err, ferr)
+		if z.level == IsolationNone && !errors.Is(err, errNotChild) {
+			return z.unisolatedChild(pid, err)
 		}
 		return 0, -1, 0, err
 	}
@@ -101,11 +104,31 @@ func (z *zygote) fiberProcess(pid, pidfd int) (int, int, uint64, error) {
 		if err != nil {
 			return 0, -1, 0, err
 		}
-		pid = host
+		fd, start, err := fiberPidfd(host, zpid)
+		if errors.Is(err, errNotChild) {
+			return 0, -1, 0, err
+		}
+		return host, fd, start, err
 	}
-	fd, start, err := fiberPidfd(pid, zpid)
+	return z.unisolatedChild(pid, nil)
+}
+
+// unisolatedChild is fiberProcess for the pid an unisolated zygote said,
+// in fiberd's own namespace: a child of the zygote is taken with a pidfd; a
+// process that is not one is refused (pid 0); a pid no process has any
+// more is the fiber already gone, kept without a pidfd (the zygote's EXITED
+// follows). prior is why the zygote's own pidfd could not serve.
+func (z *zygote) unisolatedChild(pid int, prior error) (int, int, uint64, error) {
+	fd, start, err := fiberPidfd(pid, z.proc.Pid)
+	err = errors.Join(prior, err)
+	if fd < 0 && errors.Is(err, errNotChild) {
+		return 0, -1, 0, err
+	}
 	return pid, fd, start, err
 }
+
+// errNotChild is a process a zygote reported that is not its child.
+var errNotChild = errors.New("not a child of the zygote")
 
 // pidfdPID reads the pid, in fiberd's namespace, of the process a pidfd
 // refers to, from /proc/self/fdinfo; it fails for a descriptor that is no

@@ -251,14 +251,14 @@ func (z *zygote) spared(m message, fds []int) {
 	z.mu.Unlock()
 	if !asked || len(fds) < 1 || len(fds) > 2 {
 		closeAll(fds)
-		p.log.Info("Zygote reported a spare nobody asked for, or without its hand-over socket; ignored", "grant", z.uid, "spare", m.fence)
+		z.complain("Zygote reported a spare nobody asked for, or without its hand-over socket; ignored", "spare", m.fence)
 		z.kick()
 		return
 	}
 	conn, err := socketConn(fds[0])
 	if err != nil {
 		closeAll(fds[1:])
-		p.log.Error(err, "Spare's hand-over socket unusable; dropped", "grant", z.uid, "spare", m.fence)
+		z.complain("Spare's hand-over socket unusable; dropped", "spare", m.fence, "err", err.Error())
 		z.spareFailed()
 		return
 	}
@@ -267,9 +267,14 @@ func (z *zygote) spared(m message, fds []int) {
 		pidfd = fds[1]
 	}
 	pid, pidfd, start, perr := z.fiberProcess(m.pid, pidfd)
+	if pid != 0 && pidfd < 0 {
+		// A spare waits to be taken: one fiberd holds no pidfd of is gone,
+		// and taking it would move whatever has its pid now.
+		pid = 0
+	}
 	if pid == 0 {
 		_ = conn.Close()
-		p.log.Error(perr, "Spare of an isolated zygote not found; dropped", "grant", z.uid, "spare", m.fence)
+		z.complain("Zygote reported a spare that is no live child of it; dropped", "spare", m.fence, "err", fmt.Sprint(perr))
 		z.spareFailed()
 		return
 	}

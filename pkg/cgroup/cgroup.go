@@ -232,6 +232,24 @@ func (l Leaf) String() string { return l.path }
 // of an exec. The caller closes the file. It fails when the leaf is gone.
 func (l Leaf) Open() (*os.File, error) { return openDir(l.path) }
 
+// OpenEntry opens the leaf's cgroup.procs with O_PATH (and O_CLOEXEC): a
+// descriptor that lets its holder do nothing but name the file. A process
+// given it enters the leaf by opening /proc/self/fd/<fd> for writing and
+// writing "0", and the kernel checks that open, and the migration, against
+// that process's own credentials, never fiberd's: a template that passes
+// the descriptor on gains no one anything (docs/security.md). The caller
+// closes the file. It fails when the leaf is gone.
+func (l Leaf) OpenEntry() (*os.File, error) { return openEntry(l.path) }
+
+// ChownProcs lets user id enter processes into the leaf: it makes id the
+// owner of the leaf's cgroup.procs. The kernel lets a process move another
+// into a cgroup when it may write that cgroup's cgroup.procs and the one of
+// the two cgroups' nearest common ancestor, so giving the grant's own user
+// the grant's Dir and each of its fiber leaves lets that user move its
+// processes between them, and nothing from outside the grant in. Only root
+// may give a file to another user.
+func (l Leaf) ChownProcs(id int) error { return chownProcs(l.path, id) }
+
 // AddProc moves process pid (its whole thread group) into the leaf by
 // writing its pid to cgroup.procs. It fails when the process is gone, the
 // leaf is gone, or the kernel refuses (e.g. the leaf has children with

@@ -181,6 +181,17 @@ func openDir(dir string) (*os.File, error) {
 	return os.OpenFile(dir, os.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 }
 
+func openEntry(dir string) (*os.File, error) {
+	return os.OpenFile(filepath.Join(dir, "cgroup.procs"), unix.O_PATH|unix.O_CLOEXEC, 0)
+}
+
+func chownProcs(dir string, id int) error {
+	if err := os.Lchown(filepath.Join(dir, "cgroup.procs"), id, id); err != nil {
+		return fmt.Errorf("cgroup: give user %d %s/cgroup.procs: %w", id, dir, err)
+	}
+	return nil
+}
+
 func enterFD(dirfd int) error {
 	fd, err := unix.Openat(dirfd, "cgroup.procs", unix.O_WRONLY|unix.O_CLOEXEC, 0)
 	if err != nil {

@@ -23,6 +23,8 @@ func checkDir(string) error                                   { return errUnsupp
 func makeDir(string) error                                    { return errUnsupported }
 func enableControllers(string, warnFunc) error                { return errUnsupported }
 func openDir(string) (*os.File, error)                        { return nil, errUnsupported }
+func openEntry(string) (*os.File, error)                      { return nil, errUnsupported }
+func chownProcs(string, int) error                            { return errUnsupported }
 func enterFD(int) error                                       { return errUnsupported }
 func addProc(string, int) error                               { return errUnsupported }
 func readProcs(string) ([]int, error)                         { return nil, errUnsupported }

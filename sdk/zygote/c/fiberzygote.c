@@ -186,25 +186,22 @@ static void fz_refuse(struct fz_state *st, const char *fence, const char *why)
 	fz_send(st, msg);
 }
 
-/* fz_enter_leaf moves the calling process into the fiber's cgroup leaf:
- * leaf_fd is the leaf's directory, or its cgroup.procs already open for
- * writing (fiberd sends that to an isolated zygote, whose user may not open
- * it). Returns 0 or an errno. */
+/* fz_enter_leaf moves the calling process into the fiber's cgroup leaf.
+ * leaf_fd names the leaf's cgroup.procs (fiberd sends an O_PATH descriptor,
+ * which carries no right of fiberd's): the file is opened anew through
+ * /proc/self/fd, with this process's own credentials, and "0" written to it.
+ * Returns 0 or an errno. */
 static int fz_enter_leaf(int leaf_fd)
 {
-	struct stat sb;
-	int f = leaf_fd, e = 0;
-	if (fstat(leaf_fd, &sb) < 0)
+	char path[32];
+	int f, e = 0;
+	snprintf(path, sizeof(path), "/proc/self/fd/%d", leaf_fd);
+	f = open(path, O_WRONLY | O_CLOEXEC);
+	if (f < 0)
 		return errno;
-	if (S_ISDIR(sb.st_mode)) {
-		f = openat(leaf_fd, "cgroup.procs", O_WRONLY | O_CLOEXEC);
-		if (f < 0)
-			return errno;
-	}
 	if (write(f, "0", 1) != 1)
 		e = errno ? errno : EIO;
-	if (f != leaf_fd)
-		close(f);
+	close(f);
 	return e;
 }
 

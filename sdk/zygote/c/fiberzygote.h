@@ -7,9 +7,8 @@
  * initialisation, then calls fz_serve, which says READY and from then on:
  *
  *   fiberd -> zygote  "CLONE <fence> <payload-hex|->" with SCM_RIGHTS
- *                     [listener] or [listener, leaf], the leaf being the
- *                     fiber's cgroup directory or its cgroup.procs open
- *                     for writing
+ *                     [listener] or [listener, leaf], the leaf being an
+ *                     O_PATH descriptor of the fiber's cgroup.procs
  *   zygote -> fiberd  "CLONED <fence> <pid>" with SCM_RIGHTS [pidfd of the
  *                     child], once the child is set up
  *                     "ERROR <fence> <reason>" when it could not be
@@ -20,7 +19,9 @@
  * zygote dies (PR_SET_PDEATHSIG; fiberd starts the zygote the same way, so
  * a fiberd killed with SIGKILL leaves no fiber running), starts a new session (so the fiber
  * and its descendants form one process group), enters the leaf cgroup by
- * writing "0" to its cgroup.procs, moves the listener to descriptor 3, closes
+ * opening /proc/self/fd/<leaf> for writing and writing "0" to it (with its
+ * own credentials: the descriptor carries none), moves the listener to
+ * descriptor 3, closes
  * the control socket, and sets LISTEN_FDS=1, LISTEN_PID=<its pid>,
  * FIBERD_FENCE and FIBERD_PAYLOAD (the payload's hex; unset when there is
  * none). Then it calls on_fiber and exits with its return value.

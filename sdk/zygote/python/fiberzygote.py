@@ -7,9 +7,8 @@ descriptor 3 (CONTROL_FD). The template does its expensive initialisation
 from then on handles:
 
     fiberd -> zygote  "CLONE <fence> <payload-hex|->" with SCM_RIGHTS
-                      [listener] or [listener, leaf], the leaf being the
-                      fiber's cgroup directory or its cgroup.procs open
-                      for writing
+                      [listener] or [listener, leaf], the leaf being an
+                      O_PATH descriptor of the fiber's cgroup.procs
     zygote -> fiberd  "CLONED <fence> <pid>" with SCM_RIGHTS [pidfd of the
                       child], once the child is set up
                       "ERROR <fence> <reason>" when it could not be
@@ -20,8 +19,10 @@ Before any user code runs the child, on Linux, asks for SIGKILL when its
 zygote dies (prctl PR_SET_PDEATHSIG through ctypes; fiberd starts the zygote
 the same way, so a fiberd killed with SIGKILL leaves no fiber running), then
 starts a new session (the fiber and its
-descendants form one process group), enters the leaf cgroup by writing "0"
-to its cgroup.procs, moves the listener to descriptor 3 (LISTEN_FD), closes
+descendants form one process group), enters the leaf cgroup by opening
+/proc/self/fd/<leaf> for writing (with its own credentials: the descriptor
+carries none) and writing "0", moves the listener to descriptor 3
+(LISTEN_FD), closes
 the control socket and sets LISTEN_FDS=1, LISTEN_PID=<its pid>, FIBERD_FENCE
 and FIBERD_PAYLOAD (hex; absent when there is no payload). Then it calls
 on_fiber(fiber) and exits: with the int it returns, 0 for None, the code of
@@ -575,17 +576,15 @@ def _set_up(rsync, pid):
 
 
 def _enter_leaf(fd):
-    """Move this process into the fiber's cgroup leaf: fd is the leaf's
-    directory, or its cgroup.procs already open for writing (fiberd sends
-    that to an isolated zygote, whose user may not open it)."""
-    if stat.S_ISDIR(os.fstat(fd).st_mode):
-        f = os.open("cgroup.procs", os.O_WRONLY | os.O_CLOEXEC, dir_fd=fd)
-        try:
-            os.write(f, b"0")
-        finally:
-            os.close(f)
-    else:
-        os.write(fd, b"0")
+    """Move this process into the fiber's cgroup leaf: fd names the leaf's
+    cgroup.procs (fiberd sends an O_PATH descriptor, which carries no right
+    of fiberd's), opened anew through /proc/self/fd with this process's own
+    credentials."""
+    f = os.open("/proc/self/fd/%d" % fd, os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        os.write(f, b"0")
+    finally:
+        os.close(f)
 
 
 def serve(on_fiber, control_fd=CONTROL_FD, on_spare=None):
