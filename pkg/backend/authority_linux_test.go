@@ -280,3 +280,62 @@ for i in range(%d):
 		t.Errorf("the first line %q does not say it stands for one message", lines[0])
 	}
 }
+
+// TestKillOfAFiberItsZygoteNeverReports: a zygote that never reports a
+// fiber's end (EXITED) cannot hold a release: Kill ends the fiber and,
+// once its process is gone, finishes it itself, with Unreported; the
+// issue saw Release wait over 200s.
+func TestKillOfAFiberItsZygoteNeverReports(t *testing.T) {
+	for _, withLeaf := range []bool{true, false} {
+		t.Run(fmt.Sprintf("leaf=%v", withLeaf), func(t *testing.T) {
+			p := newBackend(t, core.TierWarm).(*Proc)
+			uid := uidFor(t)
+			var g cgroup.Grant
+			if withLeaf {
+				tree, _ := cgroupRoot(t)
+				var err error
+				if g, err = tree.Grant(uid); err != nil {
+					t.Fatal(err)
+				}
+			}
+			warm(t, p, uid, template.Spec{Command: python(t), Args: []string{"-u", abs(t, "testdata/plainzygote.py"), "--mute"}, Zygote: true}, g.Dir.Path())
+			ep := listen(t, false)
+			req := CloneRequest{Fence: fence(uid, 1), Listener: ep.file}
+			if withLeaf {
+				leaf, err := g.Fiber(1, 1)
+				if err != nil {
+					t.Fatal(err)
+				}
+				req.Leaf = leaf.Path()
+			}
+			ctx := ctxT(t)
+			f, err := p.Clone(ctx, req)
+			if err != nil {
+				t.Fatalf("Clone: %v", err)
+			}
+			if _, err := get(ep, "/"); err != nil {
+				t.Fatalf("the fiber does not answer: %v", err)
+			}
+			kctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+			defer cancel()
+			if err := p.Kill(kctx, f.Fence); err != nil {
+				t.Fatalf("Kill of a fiber whose zygote never reports its end: %v", err)
+			}
+			e := nextExit(t, p)
+			if e.Fence != f.Fence || !e.Reason.Unreported || !e.Reason.Killed {
+				t.Fatalf("Exit %+v, want fiber %s killed and unreported", e, f.Fence)
+			}
+			if alive(f.PID) {
+				t.Fatalf("the fiber's process %d still runs", f.PID)
+			}
+			if withLeaf && !gone(req.Leaf) {
+				t.Fatalf("the fiber's leaf %s is still there", req.Leaf)
+			}
+			// The grant still serves.
+			ep2 := listen(t, false)
+			if _, err := p.Clone(ctx, CloneRequest{Fence: fence(uid, 2), Listener: ep2.file}); err != nil {
+				t.Fatalf("Clone after: %v", err)
+			}
+		})
+	}
+}

@@ -243,16 +243,22 @@ type ExitReason struct {
 	// the leaf is removed): the fiber went over the memory its grant
 	// allows.
 	MemoryMax bool
+	// Unreported is set when fiberd killed the fiber and its zygote never
+	// reported the end (EXITED): fiberd saw the process gone itself. A
+	// template that keeps doing this is broken or hostile.
+	Unreported bool
 }
 
 // String reads "exit:0", "signal:SIGSEGV", "template died", "killed",
-// "parked" or "memory.max".
+// "killed (its zygote did not report the end)", "parked" or "memory.max".
 func (r ExitReason) String() string {
 	switch {
 	case r.Parked:
 		return "parked"
 	case r.MemoryMax:
 		return "memory.max"
+	case r.Killed && r.Unreported:
+		return "killed (its zygote did not report the end)"
 	case r.Killed:
 		return "killed"
 	case r.TemplateDied:

@@ -8,6 +8,8 @@ import (
 	"sync/atomic"
 	"syscall"
 
+	"golang.org/x/sys/unix"
+
 	"fiberd.io/fiberd/pkg/cgroup"
 	"fiberd.io/fiberd/pkg/core"
 	"fiberd.io/fiberd/pkg/procrec"
@@ -56,6 +58,29 @@ func (f *fiber) signal(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// waitEnded returns once a fiber's main process has ended, as pidfd tells
+// (ended counts, reaped or not), or, without one (-1), once its leaf is
+// empty; it fails when ctx ends first, or at once with neither.
+func waitEnded(ctx context.Context, pidfd int, leaf string) error {
+	if pidfd >= 0 {
+		for ctx.Err() == nil {
+			pfd := []unix.PollFd{{Fd: int32(pidfd), Events: unix.POLLIN}}
+			n, err := unix.Poll(pfd, reapPollMillis)
+			if err != nil && !errors.Is(err, unix.EINTR) {
+				return os.NewSyscallError("poll", err)
+			}
+			if n > 0 {
+				return nil
+			}
+		}
+		return ctx.Err()
+	}
+	if leaf != "" {
+		return cgroup.At(leaf).WaitEmpty(ctx)
+	}
+	return errors.New("fiberd holds no pidfd and no leaf of it")
 }
 
 // finish runs once the fiber's main process has ended: it ends whatever is

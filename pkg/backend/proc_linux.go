@@ -899,7 +899,15 @@ func (p *Proc) Clone(ctx context.Context, req CloneRequest) (Fiber, error) {
 	return Fiber{}, fmt.Errorf("fiber %s: clone: %w", fs, ctx.Err())
 }
 
-// Kill implements Backend.
+// reportWait is how long Kill waits for a zygote to report the end of a
+// fiber it killed (EXITED) before it looks for itself.
+const reportWait = time.Second
+
+// Kill implements Backend. It returns once the fiber is finished, within
+// KillTimeout whatever its zygote does: a fiber whose end the zygote has not
+// reported reportWait after the kill is finished by fiberd itself once its
+// process is gone (its pidfd says so, or its leaf is empty), with
+// ExitReason.Unreported; the zygote's late EXITED is then ignored.
 func (p *Proc) Kill(ctx context.Context, fence core.Fence) error {
 	fs := fence.String()
 	p.mu.Lock()
@@ -914,7 +922,59 @@ func (p *Proc) Kill(ctx context.Context, fence core.Fence) error {
 	if f == nil {
 		return fmt.Errorf("fiber %s: %w", fs, core.ErrNotFound)
 	}
-	return killAndWait(ctx, f)
+	ctx, cancel := core.WithTimeout(ctx, p.cfg.Clock, p.cfg.KillTimeout)
+	defer cancel()
+	f.killed.Store(true)
+	if err := f.signal(ctx); err != nil {
+		return fmt.Errorf("fiber %s: kill: %w", fs, err)
+	}
+	t := p.cfg.Clock.NewTimer(reportWait)
+	defer t.Stop()
+	select {
+	case <-f.done:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("fiber %s: kill: %w", fs, ctx.Err())
+	case <-t.C():
+	}
+	// The zygote has said nothing: see whether the fiber is gone, on a
+	// pidfd of its own (the zygote's EXITED closes the fiber's).
+	z.mu.Lock()
+	pidfd := -1
+	if z.fibers[fs] == f && f.pidfd >= 0 {
+		pidfd, _ = unix.FcntlInt(uintptr(f.pidfd), unix.F_DUPFD_CLOEXEC, 0)
+	}
+	z.mu.Unlock()
+	err := waitEnded(ctx, pidfd, f.leaf)
+	if pidfd >= 0 {
+		_ = unix.Close(pidfd)
+	}
+	if err != nil {
+		select {
+		case <-f.done: // reported meanwhile
+			return nil
+		default:
+		}
+		return fmt.Errorf("fiber %s: kill: its zygote did not report its end, and it is not gone: %w", fs, err)
+	}
+	z.mu.Lock()
+	mine := z.fibers[fs] == f
+	if mine {
+		delete(z.fibers, fs)
+	}
+	z.mu.Unlock()
+	if mine {
+		z.complain("Zygote did not report the end of a fiber fiberd killed; fiberd ended it itself", "fence", fs)
+		f.closePidfd() // its zygote's to reap, if ever
+		p.wg.Add(1)
+		go func() { defer p.wg.Done(); p.finish(f, ExitReason{Signal: "SIGKILL", Unreported: true}) }()
+	}
+	select {
+	case <-f.done:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("fiber %s: kill: %w", fs, ctx.Err())
+	}
 }
 
 // killAndWait kills a fiber and waits until finish has run for it.

@@ -177,3 +177,21 @@ func TestWBudgetCgroup(t *testing.T) {
 		t.Errorf("a fiber whose leaf enforces its budget was measured %d times", n)
 	}
 }
+
+// TestUnreportedEndsCounted: a fiber whose zygote never reported its end
+// (the backend saw the process gone itself after killing it) is counted in
+// fiberd_fiber_ends_unreported_total, and its exit reason says so.
+func TestUnreportedEndsCounted(t *testing.T) {
+	e := newEnv(t)
+	c := e.cloneReq(e.unix, api.CloneRequest{Grant: e.mint("g1")}).clone(t)
+	if !e.warm.End(c.Fence, backend.ExitReason{Signal: "SIGKILL", Killed: true, Unreported: true}) {
+		t.Fatal("fake: fiber not running")
+	}
+	e.eventually("the end counted", func() bool {
+		m := e.do(e.tcp, http.MethodGet, "/metrics", nil)
+		return regexp.MustCompile(`fiberd_fiber_ends_unreported_total 1\n`).Match(m.body)
+	})
+	if g := e.status().Grants[0]; len(g.Exits) != 1 || !strings.Contains(g.Exits[0].Reason, "did not report") {
+		t.Errorf("status exits %+v, want one saying its zygote did not report the end", g.Exits)
+	}
+}

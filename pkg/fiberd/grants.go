@@ -218,6 +218,10 @@ func (a *Agent) exitLoop(b backend.Backend) {
 			a.notify()
 			continue
 		}
+		if ex.Reason.Unreported {
+			a.metrics.unreported.Inc()
+			a.log.Info("A fiber's zygote did not report its end; fiberd ended it itself", "fiber", ex.Fence.String())
+		}
 		if ex.Reason.Parked {
 			// The park that ended it takes it out of the ledger and keeps
 			// its port for the resume (park.go).

@@ -26,8 +26,11 @@ type metrics struct {
 	clones  *prometheus.CounterVec
 	latency *prometheus.HistogramVec
 	exits   *prometheus.CounterVec
-	state   *stateCollector
-	iso     *isolationCollector
+	// unreported counts fibers whose end their zygote never reported:
+	// the backend saw the process gone itself after killing it.
+	unreported prometheus.Counter
+	state      *stateCollector
+	iso        *isolationCollector
 }
 
 func newMetrics(reg prometheus.Registerer, a *Agent) (*metrics, error) {
@@ -45,6 +48,10 @@ func newMetrics(reg prometheus.Registerer, a *Agent) (*metrics, error) {
 			Name: "fiberd_fiber_exits_total",
 			Help: "Fibers that ended on their own or for their W budget (not those released), by reason: exit, signal, template_died, over_wbudget.",
 		}, []string{"reason"}),
+		unreported: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "fiberd_fiber_ends_unreported_total",
+			Help: "Fibers fiberd killed whose zygote never reported the end (EXITED), so fiberd ended them itself: a broken or hostile template.",
+		}),
 		state: &stateCollector{
 			a:       a,
 			running: prometheus.NewDesc("fiberd_running_fibers", "Running fibers per admitted grant.", []string{"grant"}, nil),
@@ -58,7 +65,7 @@ func newMetrics(reg prometheus.Registerer, a *Agent) (*metrics, error) {
 		},
 	}
 	m.iso = newIsolationCollector(a)
-	for _, c := range []prometheus.Collector{m.clones, m.latency, m.exits, m.state, m.iso} {
+	for _, c := range []prometheus.Collector{m.clones, m.latency, m.exits, m.unreported, m.state, m.iso} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

@@ -2,13 +2,15 @@
 READY and forks one fiber per CLONE (TestNoHandOver); with --spares it says
 READY spares and also forks spares on SPARE, handed over on TAKE
 (TestDocSpares). Each fiber answers HTTP with "fence=<fence> pid=<pid>
-payload=<hex|->". No isolation, no pidfds: the least the protocol needs."""
+payload=<hex|->". No isolation, no pidfds: the least the protocol needs.
+With --mute it never reports a fiber's end (TestKillOfAFiberItsZygoteNeverReports)."""
 import os
 import signal
 import socket
 import sys
 
 SPARES = "--spares" in sys.argv
+MUTE = "--mute" in sys.argv
 ctl = socket.socket(fileno=3)
 ctl.send(b"READY spares" if SPARES else b"READY")
 kids = {}
@@ -23,7 +25,7 @@ def reap(*_):
         if pid == 0:
             return
         name = kids.pop(pid, None)
-        if name:
+        if name and not MUTE:
             code = os.waitstatus_to_exitcode(status)
             word = "exit:%d" % code if code >= 0 else "signal:%s" % signal.Signals(-code).name
             ctl.send(("EXITED %s %s" % (name, word)).encode())
