@@ -125,13 +125,14 @@ func runAgent(cmd string, args []string, g global, e env) int {
 	return grantcli.ExitUsage
 }
 
-// cmdClone: fiberctl clone [-grant-uid UID | -grant FILE] [-session S]
-// [-deadline D] [-payload S | -payload-file F] [UID]
+// cmdClone: fiberctl clone [-grant-uid UID | -grant FILE] [-session S
+// [-key KEY]] [-deadline D] [-payload S | -payload-file F] [UID]
 func cmdClone(ctx context.Context, args []string, g global, e env) int {
 	fs := newFlags("clone", e)
 	uid := fs.String("grant-uid", "", "UID of an admitted grant")
 	tokenFile := fs.String("grant", "", "grant token `FILE` to present (\"-\" for stdin)")
-	session := fs.String("session", "", "session name: a running session is attached, not cloned twice")
+	session := fs.String("session", "", "session name: a running session is attached, not cloned twice, and a parked one resumed")
+	key := fs.String("key", "", "the session's release key, printed by the clone that created it: needed on a plaintext TCP address to attach to or resume a session (with -session)")
 	deadline := fs.Duration("deadline", 0, "bound of the clone (0: fiberd's default)")
 	payload := fs.String("payload", "", "payload handed to the fiber (FIBERD_PAYLOAD)")
 	payloadFile := fs.String("payload-file", "", "read the payload from `FILE`")
@@ -148,7 +149,7 @@ func cmdClone(ctx context.Context, args []string, g global, e env) int {
 	case fs.NArg() > 0:
 		return grantcli.UsageError(fs, "unexpected argument %q", fs.Arg(0))
 	}
-	req := api.CloneRequest{GrantUID: *uid, Session: *session}
+	req := api.CloneRequest{GrantUID: *uid, Session: *session, ReleaseKey: *key}
 	if *tokenFile != "" {
 		tok, err := readInput(*tokenFile, e.stdin, api.MaxRequestBody)
 		if err != nil {
@@ -161,6 +162,9 @@ func cmdClone(ctx context.Context, args []string, g global, e env) int {
 	}
 	if err := api.ValidSession(*session); err != nil {
 		return grantcli.UsageError(fs, "-session: %v", err)
+	}
+	if *key != "" && *session == "" {
+		return grantcli.UsageError(fs, "-key is a session's release key: name the session with -session")
 	}
 	if *deadline < 0 {
 		return grantcli.UsageError(fs, "-deadline %v is negative", *deadline)
@@ -190,7 +194,11 @@ func cmdClone(ctx context.Context, args []string, g global, e env) int {
 	resp, err := c.Clone(ctx, req)
 	took := e.clock.Since(start)
 	if err != nil {
-		return callFailed(fs, g, e, err)
+		code := callFailed(fs, g, e, err)
+		if errors.Is(err, core.ErrUnauthenticated) && req.Session != "" && req.ReleaseKey == "" && req.Grant == "" {
+			fmt.Fprintln(e.stderr, "fiberctl clone: this address does not authenticate callers, and the session is taken: pass -key KEY (the key the clone that created it printed) or -grant FILE, call fiberd on its unix socket, or use another -session")
+		}
+		return code
 	}
 	if g.json {
 		return printJSON(e, resp)

@@ -36,6 +36,11 @@ func (f *fakeAgent) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			json.NewEncoder(w).Encode(api.Error{Code: api.CodeInvalid, Message: err.Error()})
 			return
 		}
+		if req.Session == "taken" && req.ReleaseKey != "k3y" && req.Grant == "" { // as on a plaintext listener
+			w.WriteHeader(401)
+			json.NewEncoder(w).Encode(api.Error{Code: api.CodeUnauthenticated, Message: `session "taken" is taken: name the session's releaseKey`})
+			return
+		}
 		if req.GrantUID == "full" {
 			w.Header().Set("Retry-After", "2")
 			w.WriteHeader(429)
@@ -199,6 +204,28 @@ func TestReleaseWithProof(t *testing.T) {
 	}
 }
 
+// TestCloneWithProof: -key carries a session's release key, which a
+// plaintext listener asks for to attach to or resume a session another
+// Clone created; without it there, fiberctl says what to pass.
+func TestCloneWithProof(t *testing.T) {
+	a, addr := newAgent(t)
+	code, _, errs := runCmd(t, testNow, "", "-addr", addr, "clone", "-session", "taken", "g1")
+	if code != grantcli.ExitFailure || !strings.Contains(errs, "401 UNAUTHENTICATED") || !strings.Contains(errs, "pass -key KEY") || !strings.Contains(errs, "another -session") {
+		t.Fatalf("clone of a taken session without a key: exit %d, %q", code, errs)
+	}
+	if code, out, errs := runCmd(t, testNow, "", "-addr", addr, "clone", "-session", "taken", "-key", "k3y", "g1"); code != 0 || !strings.Contains(out, "key       k3y") {
+		t.Fatalf("clone -key: exit %d, %q %q", code, out, errs)
+	}
+	if !strings.Contains(a.requests[1], `POST /v1/clone {"grantUID":"g1","session":"taken","releaseKey":"k3y"}`) {
+		t.Errorf("request %s", a.requests[1])
+	}
+	// A wrong key is refused, without the hint for a missing one.
+	code, _, errs = runCmd(t, testNow, "", "-addr", addr, "clone", "-session", "taken", "-key", "nope", "g1")
+	if code != grantcli.ExitFailure || !strings.Contains(errs, "401 UNAUTHENTICATED") || strings.Contains(errs, "pass -key KEY") {
+		t.Fatalf("clone with a wrong key: exit %d, %q", code, errs)
+	}
+}
+
 // TestRedactedStatus: a status without fibers (a plaintext address) says
 // they are not shown, rather than that none run.
 func TestRedactedStatus(t *testing.T) {
@@ -301,6 +328,7 @@ func TestAgentUsageErrors(t *testing.T) {
 		{"clone negative deadline", []string{"clone", "-deadline", "-1s", "g"}, "-deadline"},
 		{"clone session with a newline", []string{"clone", "-session", "a\nb", "g"}, "-session"},
 		{"clone session too long", []string{"clone", "-session", strings.Repeat("s", api.MaxSession+1), "g"}, "-session"},
+		{"clone key without session", []string{"clone", "-key", "k", "g"}, "name the session with -session"},
 		{"clone two payloads", []string{"clone", "-grant-uid", "g", "-payload", "a", "-payload-file", "-"}, "-payload"},
 		{"clone payload too big", []string{"clone", "-grant-uid", "g", "-payload", strings.Repeat("x", api.MaxPayload+1)}, "-payload"},
 		{"release without id", []string{"release"}, "fiber id"},

@@ -3,7 +3,7 @@
 // Usage:
 //
 //	fiberctl [-addr unix:///path|host:port] [-o text|json] [-tls-cert F -tls-key F] [-ca F] <command>
-//	fiberctl clone [-grant-uid UID | -grant FILE] [-session S] [-deadline D] [-payload P]
+//	fiberctl clone [-grant-uid UID | -grant FILE] [-session S [-key KEY]] [-deadline D] [-payload P]
 //	fiberctl release|park [-key KEY | -grant FILE] FIBER_ID
 //	fiberctl status [-ready]
 //	fiberctl watch
@@ -74,7 +74,8 @@ The address defaults to $FIBERD_ADDR, else /var/lib/fiberd/fiberd.sock when
 it exists, else 127.0.0.1:8484 (fiberd -dev).
 
 commands:
-  clone          ask fiberd for a fiber of a grant and print its endpoint
+  clone          ask fiberd for a fiber of a grant and print its endpoint:
+                 fiberctl clone [-session S [-key KEY]] -grant-uid UID
   release        end a fiber: fiberctl release [-key KEY] FIBER_ID
   park           checkpoint a fiber: fiberctl park [-key KEY] FIBER_ID
   status         print the agent's epoch, lane health, grants and fibers

@@ -63,7 +63,8 @@ type CloneRequest struct {
 	// Session is a caller-chosen name; a Clone of a running session
 	// attaches to its fiber instead of creating a twin, and a Clone of a
 	// parked session resumes it (Kind resume; Payload is then ignored:
-	// the fiber's memory is as it was).
+	// the fiber's memory is as it was). On a listener that does not
+	// authenticate, both need the session's ReleaseKey or a Grant token.
 	Session string `json:"session,omitempty"`
 	// DeadlineMs bounds the clone, in milliseconds. Zero is the server's
 	// default.
@@ -71,6 +72,15 @@ type CloneRequest struct {
 	// Payload is handed to the fiber (FIBERD_PAYLOAD), at most MaxPayload
 	// bytes; base64 on the wire.
 	Payload []byte `json:"payload,omitempty"`
+	// ReleaseKey proves the caller may take over Session on a listener
+	// that does not authenticate (plaintext TCP): the CloneResponse's
+	// ReleaseKey from the Clone that created the session. There a Clone
+	// of a session that has a fiber, running (an attach) or parked (a
+	// resume), must name it or carry a token of the grant (Grant), else
+	// it is refused with UNAUTHENTICATED (401) and the session's fiber is
+	// left alone. It needs Session; a listener that authenticates, or a
+	// Clone that creates the session's first fiber, ignores it.
+	ReleaseKey string `json:"releaseKey,omitempty"`
 }
 
 // CloneResponse is the body of a served Clone.
@@ -85,8 +95,13 @@ type CloneResponse struct {
 	Kind string `json:"kind"`
 	// ReleaseKey is the fiber's release key: a secret a caller on a
 	// listener that does not authenticate must present to release or park
-	// this fiber (FiberRequest.ReleaseKey). Every Clone of the fiber,
-	// attaches included, answers the same key; it dies with the fiber.
+	// this fiber (FiberRequest.ReleaseKey), and to attach to or resume its
+	// session (CloneRequest.ReleaseKey). A fiber with a session has its
+	// session's key: the key answered when the session's first fiber was
+	// created, the same for every attach and kept across parks and
+	// resumes; it dies with the session (released, exited, its image
+	// deleted), and a session created again gets a new one. A fiber
+	// without a session has a key of its own, which dies with it.
 	ReleaseKey string `json:"releaseKey"`
 }
 
@@ -100,7 +115,8 @@ type CloneResponse struct {
 type FiberRequest struct {
 	// FiberID is the fiber's id, "uid/epoch/seq".
 	FiberID string `json:"fiberID"`
-	// ReleaseKey is the fiber's CloneResponse.ReleaseKey.
+	// ReleaseKey is the fiber's CloneResponse.ReleaseKey (for a fiber with
+	// a session, its session's key).
 	ReleaseKey string `json:"releaseKey,omitempty"`
 	// Grant is a compact token of the fiber's grant (verified, its UID
 	// that of the fiber).

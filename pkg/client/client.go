@@ -144,6 +144,10 @@ func parseAddr(addr string, useTLS bool) (base, socket string, err error) {
 
 // Clone asks for a fiber of the grant req names. A served Clone returns
 // the fiber; a refusal returns an *Error (a miss unwraps to *core.Miss).
+// On a listener that does not authenticate, a Clone of a session that has
+// a fiber needs req.ReleaseKey (the session's, from the CloneResponse that
+// created it) or req.Grant; without either it is an *Error unwrapping to
+// core.ErrUnauthenticated.
 func (c *Client) Clone(ctx context.Context, req api.CloneRequest) (api.CloneResponse, error) {
 	var out api.CloneResponse
 	err := c.do(ctx, http.MethodPost, "/v1/clone", req, &out)

@@ -89,7 +89,7 @@ func TestCloneServed(t *testing.T) {
 	defer srv.Close()
 	c := newClient(t, srv.Listener.Addr().String())
 
-	got, err := c.Clone(context.Background(), api.CloneRequest{GrantUID: "g1", Session: "s", Payload: []byte("hi")})
+	got, err := c.Clone(context.Background(), api.CloneRequest{GrantUID: "g1", Session: "s", Payload: []byte("hi"), ReleaseKey: "k3y"})
 	if err != nil {
 		t.Fatalf("Clone: %v", err)
 	}
@@ -106,7 +106,7 @@ func TestCloneServed(t *testing.T) {
 	if err := dec.Decode(&sent); err != nil {
 		t.Fatalf("the request body does not decode strictly: %v", err)
 	}
-	if sent.GrantUID != "g1" || sent.Session != "s" || string(sent.Payload) != "hi" {
+	if sent.GrantUID != "g1" || sent.Session != "s" || string(sent.Payload) != "hi" || sent.ReleaseKey != "k3y" {
 		t.Errorf("sent %+v", sent)
 	}
 }

@@ -4,9 +4,12 @@
 // certificate.
 //
 // On a plaintext TCP address fiberd does not authenticate its callers:
-// Status is redacted to counts, and ReleaseFiber and ParkFiber must carry
-// the fiber's release key (CloneResponse.ReleaseKey) or a token of its
-// grant (docs/api.md, "Callers who do not authenticate").
+// Status is redacted to counts, ReleaseFiber and ParkFiber must carry the
+// fiber's release key (CloneResponse.ReleaseKey) or a token of its grant,
+// and a Clone of a session that already has a fiber, running (an attach)
+// or parked (a resume), must carry the session's release key
+// (CloneRequest.ReleaseKey, the key the Clone that created it answered) or
+// a token of its grant (docs/api.md, "Callers who do not authenticate").
 //
 // A refusal comes back as an *Error carrying the HTTP status and the
 // api.Error body the server sent. It unwraps to the outcome class of

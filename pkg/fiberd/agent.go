@@ -117,6 +117,10 @@ type fiberHandle struct {
 	used atomic.Int64
 	// iso is the isolation the backend said the fiber got.
 	iso backend.Isolation
+	// origin is the fence its session was created as, whose release key
+	// is the fiber's (guard.go, keyFence): set on a resumed fiber, zero
+	// for one created by its Clone (its own fence).
+	origin core.Fence
 }
 
 // New validates cfg and prepares the agent in the order of ARCHITECTURE

@@ -25,13 +25,21 @@ import (
 // gate attach to a running session or reserve a slot, bind the fiber's
 // listener, carve its leaf, fork it under the deadline and commit. authed
 // says whether the caller is authenticated, which self-admission needs. A
-// Clone refused before the fork mints no fence.
+// Clone refused before the fork mints no fence. The answer carries the
+// fiber's release key (keyFence: its session's, for a fiber with one).
+//
+// A session is its creator's: a caller that is not authenticated and
+// carries no token of the grant attaches to a session's running fiber, or
+// resumes its parked one, only with the session's release key
+// (sessionProof). Without it the Clone is refused (401) before anything of
+// the session is touched: the running fiber is not named (touch), the
+// parked one stays parked, and no fence is minted for it.
 //
 // Errors: core.ErrInvalid (400), core.ErrUnauthenticated (401),
 // core.ErrTierGap (412), a *core.Miss (429 SHED / 503 DEFERRED_FALLBACK),
 // anything else a runtime fault (500). The deadline passing is a miss,
 // whatever the Clone was waiting for.
-func (a *Agent) clone(ctx context.Context, req api.CloneRequest, authed bool) (api.CloneResponse, string, error) {
+func (a *apiServer) clone(ctx context.Context, req api.CloneRequest, authed bool) (api.CloneResponse, string, error) {
 	if req.Grant == "" && req.GrantUID == "" {
 		return api.CloneResponse{}, "", fmt.Errorf("clone names no grant: set grant (a token) or grantUID: %w", core.ErrInvalid)
 	}
@@ -116,6 +124,20 @@ func (a *Agent) clone(ctx context.Context, req api.CloneRequest, authed bool) (a
 		return api.CloneResponse{}, "", a.miss(fmt.Errorf("grant %q session %q: another Clone is creating its fiber: %w", uid, req.Session, err))
 	}
 	defer unlock()
+	// The caller owns whatever session it names when the listener vouches
+	// for it or it carries a token of the grant (verified above: uid is
+	// the token's, and sessions are the grant's).
+	owner := authed || len(token) > 0
+	if !owner {
+		// Under the session's gate no parked session of it appears but by
+		// a Clone or park holding the gate: checked here, before Reserve
+		// mints a fence, it is the one takeParked takes below, if any.
+		if p := s.peekParked(req.Session); p != nil {
+			if err := a.sessionProof(req, p.origin); err != nil {
+				return api.CloneResponse{}, "", err
+			}
+		}
+	}
 	res, attach, err := a.ledger.Reserve(uid, req.Session, a.cfg.Clock.Now())
 	if err != nil {
 		if !v.admitted && v.err != nil {
@@ -124,15 +146,31 @@ func (a *Agent) clone(ctx context.Context, req api.CloneRequest, authed bool) (a
 		return api.CloneResponse{}, "", a.miss(err)
 	}
 	if attach != nil {
+		key := keyFence(*attach)
+		if !owner {
+			if err := a.sessionProof(req, key); err != nil {
+				return api.CloneResponse{}, "", err
+			}
+		}
 		a.touch(attach)
-		return api.CloneResponse{FiberID: attach.Fence.String(), Endpoint: attach.Endpoint, Fence: attach.Fence, Kind: api.KindAttach}, api.KindAttach, nil
+		return api.CloneResponse{FiberID: attach.Fence.String(), Endpoint: attach.Endpoint, Fence: attach.Fence, Kind: api.KindAttach, ReleaseKey: a.keys.key(key)}, api.KindAttach, nil
 	}
 	if p := s.takeParked(req.Session); p != nil {
+		if !owner {
+			if err := a.sessionProof(req, p.origin); err != nil {
+				// Not the one checked before Reserve (see above): never
+				// expected, and refused all the same.
+				a.putParked(s, p)
+				a.ledger.Cancel(res)
+				return api.CloneResponse{}, "", err
+			}
+		}
 		resp, err := a.resume(ctx, res, v, s, p)
 		if err != nil {
 			a.ledger.Cancel(res)
 			return api.CloneResponse{}, api.KindResume, err
 		}
+		resp.ReleaseKey = a.keys.key(p.origin)
 		return resp, api.KindResume, nil
 	}
 	resp, err := a.create(ctx, res, v, req.Payload)
@@ -140,6 +178,7 @@ func (a *Agent) clone(ctx context.Context, req api.CloneRequest, authed bool) (a
 		a.ledger.Cancel(res)
 		return api.CloneResponse{}, api.KindCreate, err
 	}
+	resp.ReleaseKey = a.keys.key(resp.Fence) // the session's first fiber: its own fence
 	return resp, api.KindCreate, nil
 }
 

@@ -83,10 +83,11 @@
 // before they are read and decoded strictly. Outcomes: 200 served; 429 SHED
 // with Retry-After; 503 DEFERRED_FALLBACK; 412 tier gap; 400 malformed (413
 // oversized, 408 a body not received in time); 401 unverified (or a
-// release without proof, below); 403 a browser's request; 404 unknown or
-// older-epoch fiber; 409 a park of a busy fiber; 415 a plaintext POST that
-// is not JSON; 507 a park without room; 500 runtime fault. A capacity miss (unknown, denied or lapsed grant, at fibers.max,
-// template not warm) is DEFERRED_FALLBACK while the home's lane is healthy
+// release, park, attach or resume without proof, below); 403 a browser's
+// request; 404 unknown or older-epoch fiber; 409 a park of a busy fiber;
+// 415 a plaintext POST that is not JSON; 507 a park without room; 500
+// runtime fault. A capacity miss (unknown, denied or lapsed grant, at
+// fibers.max, template not warm) is DEFERRED_FALLBACK while the home's lane is healthy
 // and SHED while stale; an unverifiable token (issuer keys never loaded or
 // stale), the thrash budget and memory pressure are always SHED. Every miss
 // body names its code and the issuer.
@@ -102,10 +103,16 @@
 // cross-site Origin or Sec-Fetch-Site: 403, also on TLS; a POST that is not
 // application/json: 415), the status and watch are redacted to counts, and
 // a release or park must name the fiber's release key (every Clone answers
-// it: an HMAC of the fiber id under a secret drawn when the API handler is
-// built) or a token of its grant (401 otherwise). A Clone's grantUID must
-// be a grant UID and its session printable and at most api.MaxSession
-// bytes (400).
+// it: an HMAC, under a secret drawn when the API handler is built, of the
+// fiber id its session was created as, or of its own without a session)
+// or a token of its grant (401 otherwise). Sessions are their creators':
+// there a Clone of a session that has a fiber, running (an attach) or
+// parked (a resume), must name the session's release key or carry a token
+// of its grant, else it is refused (401) and the session's fiber is left
+// as it was; the key stays the same across parks and resumes, so its
+// creator can resume its session there. A Clone's grantUID must be a grant
+// UID and its session printable and at most api.MaxSession bytes, and a
+// releaseKey needs a session (400).
 //
 // Every listener has the timeouts of Config.Limits (headers, body, answer,
 // idle keep-alive; the watch stream is exempt but for each line's write and

@@ -33,7 +33,10 @@ import (
 //   - releases or parks a fiber only with its release key (the one its
 //     Clone answered) or a token of its grant (authorizeFiber);
 //   - may Clone an admitted grant by UID, as anyone who reaches the
-//     listener may, and never self-admits.
+//     listener may, and never self-admits;
+//   - attaches to a session's running fiber, or resumes its parked one,
+//     only with the session's release key or a token of its grant
+//     (sessionProof): a session is its creator's, not whoever names it.
 
 // guard wraps h with the browser checks of listener ln: none on a unix
 // socket (no browser reaches one); the cross-site check on every TCP
@@ -141,8 +144,10 @@ func quoteShort(s string) string {
 }
 
 // checkClone refuses a Clone whose grantUID is not a grant UID (the rules
-// of a token's jti, grant.ValidUID) or whose session is not api.ValidSession.
-// Errors wrap core.ErrInvalid (400) and never repeat the value whole.
+// of a token's jti, grant.ValidUID), whose session is not api.ValidSession,
+// or that names a releaseKey without a session (the key proves a session
+// is the caller's; without one it proves nothing). Errors wrap
+// core.ErrInvalid (400) and never repeat the value whole.
 func checkClone(req api.CloneRequest) error {
 	if req.GrantUID != "" {
 		if err := grant.ValidUID(req.GrantUID); err != nil {
@@ -151,6 +156,9 @@ func checkClone(req api.CloneRequest) error {
 	}
 	if err := api.ValidSession(req.Session); err != nil {
 		return fmt.Errorf("%v: %w", err, core.ErrInvalid)
+	}
+	if req.ReleaseKey != "" && req.Session == "" {
+		return fmt.Errorf("releaseKey without a session: a Clone names a release key to attach to or resume its session; name the session too: %w", core.ErrInvalid)
 	}
 	return nil
 }
@@ -169,9 +177,15 @@ func parseFiberID(id string) (core.Fence, error) {
 }
 
 // releaseKeys mints and checks fibers' release keys: the first 16 bytes of
-// HMAC-SHA256 over the fiber id under a secret drawn when the API handler
-// is built, base64url. A key is the same for every Clone of a fiber, needs
-// no storage, and dies with the agent (as do its fibers).
+// HMAC-SHA256 over a fiber id under a secret drawn when the API handler is
+// built, base64url. The fiber id is the key's fence (keyFence): for a fiber
+// with a session, the fence of the session's first fiber, which parks and
+// resumes carry along, so the key the session's creator received proves
+// the session its own for as long as it lives; for a fiber without a
+// session, its own. A key needs no storage but that fence, differs for
+// every creation of a session (a name used again is a new session, and its
+// old key does not open it), and dies with the agent (as do its fibers and
+// parked images).
 type releaseKeys struct {
 	secret [32]byte
 }
@@ -203,21 +217,55 @@ func (k *releaseKeys) check(f core.Fence, presented string) bool {
 	return err == nil && hmac.Equal(b, k.sum(f))
 }
 
+// keyFence is the fence whose release key is fiber f's: the fence its
+// session was created as (fiberHandle.origin, kept across parks and
+// resumes), else f's own.
+func keyFence(f core.Fiber) core.Fence {
+	if h, ok := f.Handle.(*fiberHandle); ok && h.origin != (core.Fence{}) {
+		return h.origin
+	}
+	return f.Fence
+}
+
 // errNoProof is a release or park by an unauthenticated caller who
 // presented neither the fiber's release key nor its grant's token.
 var errNoProof = errors.New("on a listener that does not authenticate, name the fiber's releaseKey (from its Clone) or a token of its grant (grant)")
 
+// errNoSessionProof is the rule a Clone by an unauthenticated caller of a
+// session that has a fiber, running or parked, broke: it named neither the
+// session's release key nor a token of its grant, or a key that is not the
+// session's. The refusal says the same for a running and a parked session:
+// the caller learns that the session is taken, which it cannot help
+// learning (a Clone of a free session creates it), and nothing more.
+var errNoSessionProof = errors.New("on a listener that does not authenticate, a Clone of a session that has a fiber (running or parked) must name the session's releaseKey (answered by the Clone that created it) or carry a token of its grant (grant)")
+
+// sessionProof decides whether an unauthenticated caller whose Clone
+// carries no token of the grant may attach to, or resume, the session of
+// req whose release key is that of fence key: only with that key. Errors
+// wrap core.ErrUnauthenticated (401); they name the session as the caller
+// sent it (shortened) and nothing of its fiber.
+func (a *apiServer) sessionProof(req api.CloneRequest, key core.Fence) error {
+	switch {
+	case req.ReleaseKey == "":
+		return fmt.Errorf("session %s is taken: %v; or use another session name: %w", quoteShort(req.Session), errNoSessionProof, core.ErrUnauthenticated)
+	case !a.keys.check(key, req.ReleaseKey):
+		return fmt.Errorf("session %s: the releaseKey does not match the session's: %v: %w", quoteShort(req.Session), errNoSessionProof, core.ErrUnauthenticated)
+	}
+	return nil
+}
+
 // authorizeFiber decides whether the caller of a release or park of fiber
-// f may end it: an authenticated caller may; an unauthenticated one must
-// present f's release key, or a token of f's grant that verifies. Errors:
+// f, whose release key is that of fence key (keyFence), may end it: an
+// authenticated caller may; an unauthenticated one must present that
+// release key, or a token of f's grant that verifies. Errors:
 // core.ErrUnauthenticated (401), or a SHED miss when the token cannot be
 // verified now (the issuer's keys are missing or stale).
-func (a *apiServer) authorizeFiber(ctx context.Context, authed bool, req api.FiberRequest, f core.Fence) error {
+func (a *apiServer) authorizeFiber(ctx context.Context, authed bool, req api.FiberRequest, f, key core.Fence) error {
 	switch {
 	case authed:
 		return nil
 	case req.ReleaseKey != "":
-		if a.keys.check(f, req.ReleaseKey) {
+		if a.keys.check(key, req.ReleaseKey) {
 			return nil
 		}
 		return fmt.Errorf("fiber %s: the release key does not match: %w", f, core.ErrUnauthenticated)

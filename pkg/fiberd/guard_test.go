@@ -116,11 +116,14 @@ func TestBrowsersCannotDriveThePlaintextListener(t *testing.T) {
 	}
 
 	host, port, _ := net.SplitHostPort(e.agent.Addr().String())
-	for _, ok := range []struct{ name, host, origin string }{
+	for i, ok := range []struct{ name, host, origin string }{
 		{"by address", host + ":" + port, ""},
 		{"by localhost", "localhost:" + port, ""},
 		{"same-origin page", host + ":" + port, "http://" + host + ":" + port},
 	} {
+		// A session each: on plaintext a Clone of a taken session needs
+		// its key (TestSessionAttachNeedsProofOnPlaintext).
+		body := fmt.Sprintf(`{"grantUID":%q,"session":"=%d"}`, uid, i)
 		raw := fmt.Sprintf("POST /v1/clone HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json; charset=utf-8\r\n", ok.host)
 		if ok.origin != "" {
 			raw += "Origin: " + ok.origin + "\r\n"
@@ -286,8 +289,18 @@ func TestUnauthenticatedCallersCannotActOnOthersFibers(t *testing.T) {
 			if a.ReleaseKey == "" || a.ReleaseKey == b.ReleaseKey {
 				t.Errorf("release keys %q and %q: want one per fiber", a.ReleaseKey, b.ReleaseKey)
 			}
-			// An attach on l answers the same fiber and key.
-			if at := e.call(l, http.MethodPost, "/v1/clone", api.CloneRequest{GrantUID: "g1", Session: "owner-secret"}); at.status != 200 ||
+			// An attach on l answers the same fiber and key: on a listener
+			// that authenticates without proof, on plaintext TCP only with
+			// the session's key (without it: 401, revealing nothing).
+			attach := api.CloneRequest{GrantUID: "g1", Session: "owner-secret"}
+			if !l.authed {
+				if at := e.call(l, http.MethodPost, "/v1/clone", attach); at.status != http.StatusUnauthorized || at.apiError(t).Code != api.CodeUnauthenticated ||
+					strings.Contains(string(at.body), a.FiberID) || strings.Contains(string(at.body), a.ReleaseKey) {
+					t.Errorf("attach without proof on %s: %d %s, want 401", l.name, at.status, at.body)
+				}
+				attach.ReleaseKey = a.ReleaseKey
+			}
+			if at := e.call(l, http.MethodPost, "/v1/clone", attach); at.status != 200 ||
 				at.clone(t).FiberID != a.FiberID || at.clone(t).ReleaseKey != a.ReleaseKey {
 				t.Errorf("attach on %s: %d %s", l.name, at.status, at.body)
 			}
@@ -428,8 +441,9 @@ func (e *env) signCrit(token string, crit ...string) string {
 
 // TestClientOnThePlaintextListener: pkg/client, as fiberctl uses it, works
 // with the rule on a plaintext listener: its requests pass the browser
-// guard, Clone answers a release key, a release by id alone is refused
-// and one with the key ends the fiber, and the status is redacted.
+// guard, Clone answers a release key, a Clone of the taken session is
+// refused without the key and attaches with it, a release by id alone is
+// refused and one with the key ends the fiber, and the status is redacted.
 func TestClientOnThePlaintextListener(t *testing.T) {
 	e := newEnv(t)
 	uid := e.deliver(e.mint("g1"))
@@ -439,6 +453,12 @@ func TestClientOnThePlaintextListener(t *testing.T) {
 	resp, err := c.Clone(ctx, api.CloneRequest{GrantUID: uid, Session: "s"})
 	if err != nil || resp.ReleaseKey == "" {
 		t.Fatalf("Clone = %+v, %v; want a fiber with a release key", resp, err)
+	}
+	if _, err := c.Clone(ctx, api.CloneRequest{GrantUID: uid, Session: "s"}); !errors.Is(err, core.ErrUnauthenticated) {
+		t.Errorf("Clone of the taken session without its key = %v, want unauthenticated", err)
+	}
+	if at, err := c.Clone(ctx, api.CloneRequest{GrantUID: uid, Session: "s", ReleaseKey: resp.ReleaseKey}); err != nil || at.Kind != api.KindAttach || at.FiberID != resp.FiberID {
+		t.Errorf("Clone of the session with its key = %+v, %v; want an attach to %s", at, err, resp.FiberID)
 	}
 	if err := c.Release(ctx, resp.FiberID); !errors.Is(err, core.ErrUnauthenticated) {
 		t.Errorf("Release by id = %v, want unauthenticated", err)

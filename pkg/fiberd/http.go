@@ -68,7 +68,6 @@ func (a *apiServer) handleClone(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	kind, outcome = k, outcomeServed
-	resp.ReleaseKey = a.keys.key(resp.Fence)
 	writeJSON(w, http.StatusOK, resp)
 }
 
@@ -140,7 +139,7 @@ func (a *apiServer) lookupFiber(ctx context.Context, req api.FiberRequest, fence
 	if err != nil {
 		return core.Fiber{}, err
 	}
-	if err := a.authorizeFiber(ctx, authed, req, fence); err != nil {
+	if err := a.authorizeFiber(ctx, authed, req, fence, keyFence(f)); err != nil {
 		return core.Fiber{}, err
 	}
 	return f, nil

@@ -154,6 +154,7 @@ type parkState struct {
 type parkedSession struct {
 	session  string
 	fence    core.Fence // the fiber it was parked as
+	origin   core.Fence // the fence the session was created as: its release key's (keyFence)
 	image    backend.Image
 	template string // the grant's template reference at park
 	port     int    // the TCP port held for it, 0 for none
@@ -362,7 +363,7 @@ func (a *Agent) parkFiber(ctx context.Context, f core.Fiber, by string, try bool
 		a.removeImage(img.Dir, "ended")
 		return resp, fmt.Errorf("fiber %s ended while it was parked; its image is deleted: %w", fence, core.ErrNotFound)
 	}
-	p := &parkedSession{session: fiber.Session, fence: fence, image: img, template: tmpl, endpoint: fiber.Endpoint, at: a.cfg.Clock.Now(), by: by}
+	p := &parkedSession{session: fiber.Session, fence: fence, origin: keyFence(fiber), image: img, template: tmpl, endpoint: fiber.Endpoint, at: a.cfg.Clock.Now(), by: by}
 	if fh, ok := fiber.Handle.(*fiberHandle); ok {
 		// The port stays held for the resume, which binds it again; a unix
 		// socket file is freed (the resume binds a new one). The handle is
@@ -441,6 +442,17 @@ func (a *Agent) putParked(s *slot, p *parkedSession) bool {
 		a.deleteParked(p, "stale")
 	}
 	return ok
+}
+
+// peekParked returns session's parked session on slot s, nil when it has
+// none; it stays on the slot, its owner.
+func (s *slot) peekParked(session string) *parkedSession {
+	if s == nil || session == "" {
+		return nil
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.parked[session]
 }
 
 // takeParked takes session's parked session out of slot s, nil when it has
@@ -523,7 +535,7 @@ func (a *Agent) resume(ctx context.Context, res *core.Reservation, v slotView, s
 		a.putParked(s, p)
 		return api.CloneResponse{}, a.miss(fmt.Errorf("grant %q session %q is parked, and its grant is not warm on the WARM backend now", uid, p.session))
 	}
-	h := &fiberHandle{backend: b, port: p.port}
+	h := &fiberHandle{backend: b, port: p.port, origin: p.origin}
 	var (
 		lf  *os.File
 		url = p.endpoint
@@ -627,15 +639,16 @@ func (a *Agent) fiberLeaf(v slotView, fence core.Fence, h *fiberHandle) (*cgroup
 }
 
 // releaseParked serves the release of a parked session's fiber id: the
-// caller proves it may (authorizeFiber), and the image is deleted. It
-// answers core.ErrNotFound when fence names no parked session.
+// caller proves it may (authorizeFiber, with the session's release key),
+// and the image is deleted. It answers core.ErrNotFound when fence names
+// no parked session.
 func (a *apiServer) releaseParked(ctx context.Context, req api.FiberRequest, fence core.Fence, authed bool) error {
 	s := a.slotOf(fence.GrantUID)
 	p := s.parkedAs(fence)
 	if p == nil {
 		return errNotFound(fence)
 	}
-	if err := a.authorizeFiber(ctx, authed, req, fence); err != nil {
+	if err := a.authorizeFiber(ctx, authed, req, fence, p.origin); err != nil {
 		return err
 	}
 	unlock, err := a.ledger.LockSession(ctx, fence.GrantUID, p.session)
