@@ -377,6 +377,7 @@ func printStatus(w io.Writer, s api.Status, e env) {
 		fmt.Fprintf(w, "  scope %s=%s\n", field(c.Name), field(c.Value))
 	}
 	printIsolation(w, s)
+	printLimits(w, s.Limits)
 	if len(s.Grants) == 0 {
 		fmt.Fprintln(w, "no grants admitted")
 		return
@@ -471,6 +472,34 @@ func printIsolation(w io.Writer, s api.Status) {
 	fmt.Fprintln(w, line)
 	for _, m := range missing {
 		fmt.Fprintln(w, "  less than asked: "+field(m))
+	}
+}
+
+// printLimits writes the kernel limits the agent sets: a line of what it
+// sets, and one of what it cannot for want of a controller.
+func printLimits(w io.Writer, l *api.Limits) {
+	if l == nil {
+		return
+	}
+	if !l.Cgroups {
+		fmt.Fprintln(w, "limits: none (no cgroups: W budgets measured)")
+		return
+	}
+	var set []string
+	if l.FiberPidsMax > 0 {
+		set = append(set, "pids.max "+strconv.FormatInt(l.FiberPidsMax, 10)+" a fiber")
+	}
+	if l.GrantCPUWeight > 0 {
+		set = append(set, "cpu.weight "+strconv.Itoa(l.GrantCPUWeight)+" a grant")
+	}
+	if l.WBudgetByCgroup {
+		set = append(set, "W budgets by memory.max")
+	} else {
+		set = append(set, "W budgets measured")
+	}
+	fmt.Fprintln(w, "limits: "+strings.Join(set, ", "))
+	if len(l.Missing) > 0 {
+		fmt.Fprintln(w, "  missing cgroup controllers: "+field(strings.Join(l.Missing, ", ")))
 	}
 }
 

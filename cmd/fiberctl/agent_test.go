@@ -104,6 +104,7 @@ func testStatus() api.Status {
 			{Tier: core.TierBasic, Level: "fiber", NetworkNone: true},
 		},
 		MinIsolation: "grant",
+		Limits:       &api.Limits{Cgroups: true, FiberPidsMax: 4096, Missing: []string{"memory", "cpu"}},
 	}
 }
 
@@ -250,6 +251,7 @@ func TestStatus(t *testing.T) {
 		"checkpoint: available", "parked:\n  g1/2/4  session s0  image 16.0 MiB  by api  1m0s ago",
 		"isolation WARM grant, BASIC fiber (network none)  at least grant (less is TIER_GAP)",
 		"  less than asked: a zygote cannot give each fiber namespaces", "ISOLATION", "g1/2/6  tcp://127.0.0.1:20006  isolation none",
+		"limits: pids.max 4096 a fiber, W budgets measured\n  missing cgroup controllers: memory, cpu",
 		"SPARES", "7/8", "spares of g1: 7 ready of 8 wanted (fibers.warm 8), 12 Clones handed over, holding 3.0 MiB"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("status output lacks %q:\n%s", want, out)

@@ -58,6 +58,8 @@ type options struct {
 	pressureThreshold     float64
 	isolation             backend.Isolation
 	minIsolation          backend.Isolation
+	fiberPidsMax          int64
+	grantCPUWeight        int
 	criu                  string // "" for no checkpoints
 	parkMaxImages         int
 	parkMaxBytes          int64
@@ -127,6 +129,8 @@ func parseFlags(args []string, env environ, usage io.Writer) (options, error) {
 	fs.StringVar(&o.cgroupRoot, "cgroup-root", "", "cgroup v2 directory fibers are carved under (default a delegated subtree of fiberd's own cgroup; \"none\" for no cgroups)")
 	devices := fs.String("devices", "", "comma-separated device paths or ids handed to every template (standalone: a static set; kubernetes: what the driver exposed to the Pod, handed with its ResourceClaim)")
 	isolation := fs.String("isolation", "", "how far grants and fibers are kept apart: none, grant (a user and namespaces per grant) or fiber (also a PID namespace and /tmp per fiber); default fiber, none under -home kubernetes; the host may allow less, which fiberd logs once at start")
+	fs.Int64Var(&o.fiberPidsMax, "fiber-pids-max", 0, fmt.Sprintf("each fiber's pids.max, where the cgroup root has the pids controller: the processes and threads one fiber may run (0: %d; -1: none)", fiberd.DefaultFiberPidsMax))
+	fs.IntVar(&o.grantCPUWeight, "grant-cpu-weight", 0, fmt.Sprintf("each grant's cpu.weight, 1 to 10000, where the cgroup root has the cpu controller: grants share the CPU in proportion (0: %d)", fiberd.DefaultGrantCPUWeight))
 	minIsolation := fs.String("min-isolation", string(backend.IsolationNone), "refuse grants (TIER_GAP) that would get less isolation than this on this host: none, grant or fiber")
 	fs.DurationVar(&o.staleTTL, "stale-ttl", standalone.DefaultStaleTTL, "how long the control plane may be silent before misses turn from DEFERRED_FALLBACK to SHED (0: the home's default)")
 	fs.Float64Var(&o.thrashRate, "thrash-rate", fiberd.DefaultThrashRate, "Clones per second admitted in the long run; more are SHED (0: the default)")
@@ -451,6 +455,8 @@ func (o options) agentConfig() fiberd.Config {
 		ThrashBurst:              o.thrashBurst,
 		PressureThreshold:        o.pressureThreshold,
 		MinIsolation:             o.minIsolation,
+		FiberPidsMax:             o.fiberPidsMax,
+		GrantCPUWeight:           o.grantCPUWeight,
 		AdminUnsafe:              o.adminUnsafe,
 		Park: fiberd.ParkLimits{
 			MaxImages: o.parkMaxImages,

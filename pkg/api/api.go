@@ -209,6 +209,29 @@ type Status struct {
 	// (fiberd -min-isolation): "grant" or "fiber"; a grant that would get
 	// less is refused with TIER_GAP. Empty for "none", any.
 	MinIsolation string `json:"minIsolation,omitempty"`
+	// Limits says which kernel limits the agent sets on this host; nil from
+	// an agent that does not say.
+	Limits *Limits `json:"limits,omitempty"`
+}
+
+// Limits is what the agent's cgroups enforce on this host, in a Status. A
+// limit whose controller the agent's cgroup root does not offer is not
+// set, and Missing names the controller.
+type Limits struct {
+	// Cgroups is false when the agent carves no cgroups (none given, or
+	// none it could delegate): no limit below is set then.
+	Cgroups bool `json:"cgroups"`
+	// FiberPidsMax is each fiber leaf's pids.max; 0 when none is set.
+	FiberPidsMax int64 `json:"fiberPidsMax,omitempty"`
+	// GrantCPUWeight is each grant cgroup's cpu.weight; 0 when none is
+	// set.
+	GrantCPUWeight int `json:"grantCpuWeight,omitempty"`
+	// WBudgetByCgroup is set when grants' W budgets are their fibers'
+	// memory.max; otherwise the agent measures them.
+	WBudgetByCgroup bool `json:"wBudgetByCgroup,omitempty"`
+	// Missing names the controllers the agent uses that its cgroup root
+	// does not offer: "memory", "pids", "cpu".
+	Missing []string `json:"missing,omitempty"`
 }
 
 // Checkpoint is the CHECKPOINT tier's state in a Status.

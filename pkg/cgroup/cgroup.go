@@ -324,6 +324,18 @@ func (l Leaf) Enabled(controller string) (bool, error) { return enabled(l.path, 
 // before 4.19) is no error.
 func (l Leaf) SetMemoryLimit(max, high int64) error { return setMemoryLimit(l.path, max, high) }
 
+// SetPidsMax caps the processes and threads in the leaf and below it at n
+// (pids.max): a fork that would pass it fails with EAGAIN, so a fork bomb
+// ends at the cap. It needs the pids controller enabled for the leaf (see
+// Enabled on its parent). n must be positive.
+func (l Leaf) SetPidsMax(n int64) error { return setPidsMax(l.path, n) }
+
+// SetCPUWeight sets the leaf's cpu.weight (1 to 10000; the kernel's
+// default is 100): under contention siblings share the CPU in proportion
+// to their weights, whatever the number of processes in each. It needs the
+// cpu controller enabled for the leaf.
+func (l Leaf) SetCPUWeight(w int) error { return setCPUWeight(l.path, w) }
+
 // OOMKills is the "oom_kill" count of the leaf's memory.events: how many of
 // its processes the kernel's OOM killer ended at its memory.max. ok is
 // false when the file is absent (no memory controller). The backends read

@@ -464,6 +464,26 @@ func setMemoryLimit(dir string, max, high int64) error {
 	return nil
 }
 
+func setPidsMax(dir string, n int64) error {
+	if n <= 0 {
+		return fmt.Errorf("cgroup %s: pids.max %d: want a positive count", dir, n)
+	}
+	if err := writeFile(filepath.Join(dir, "pids.max"), strconv.FormatInt(n, 10)); err != nil {
+		return fmt.Errorf("cgroup %s: pids.max: %w", dir, err)
+	}
+	return nil
+}
+
+func setCPUWeight(dir string, w int) error {
+	if w < 1 || w > 10000 {
+		return fmt.Errorf("cgroup %s: cpu.weight %d: want 1 to 10000", dir, w)
+	}
+	if err := writeFile(filepath.Join(dir, "cpu.weight"), strconv.Itoa(w)); err != nil {
+		return fmt.Errorf("cgroup %s: cpu.weight: %w", dir, err)
+	}
+	return nil
+}
+
 func oomKills(dir string) (int64, bool, error) {
 	b, err := os.ReadFile(filepath.Join(dir, "memory.events"))
 	if errors.Is(err, fs.ErrNotExist) {

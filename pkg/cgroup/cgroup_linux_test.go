@@ -544,3 +544,61 @@ func TestCheck(t *testing.T) {
 		t.Fatalf("Check of a plain directory = %v; want an error naming it", err)
 	}
 }
+
+// TestPidsMaxEndsAForkBomb: a leaf with pids.max 8 holds at most 8 tasks; a
+// shell in it that tries to start 40 processes gets its forks refused past
+// the cap, and never has more than 8. It skips, saying so, where cgroup v2
+// has no pids controller (bound to cgroup v1, as on some hosts here).
+func TestPidsMaxEndsAForkBomb(t *testing.T) {
+	dir := testCgroup(t)
+	if !slices.Contains(readWords(t, filepath.Join(filepath.Dir(dir), "cgroup.subtree_control")), "pids") {
+		t.Skipf("cgroup v2 at %s does not enable the pids controller for its children (it is bound to cgroup v1 on this host, or not delegated): pids.max cannot be tested here", filepath.Dir(dir))
+	}
+	if err := os.WriteFile(filepath.Join(dir, "cgroup.subtree_control"), []byte("+pids"), 0); err != nil {
+		t.Fatalf("enable pids below %s: %v", dir, err)
+	}
+	leaf := filepath.Join(dir, "leaf")
+	if err := os.Mkdir(leaf, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := At(leaf).SetPidsMax(8); err != nil {
+		t.Fatal(err)
+	}
+	if err := At(leaf).SetPidsMax(0); err == nil {
+		t.Error("SetPidsMax(0) accepted")
+	}
+	f, err := At(leaf).Open()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	// The shell is born in the leaf and forks 40 sleeps; a fork past the
+	// cap fails (dash then exits; other shells go on and say "started").
+	// The sleeps' output is not the pipe, so it ends with the shell.
+	cmd := exec.Command("/bin/sh", "-c", `i=0; while [ $i -lt 40 ]; do i=$((i+1)); sleep 30 >/dev/null 2>&1 & done; echo started; sleep 30 >/dev/null`)
+	cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: int(f.Fd())}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = At(leaf).Kill(context.Background()); _ = cmd.Wait() })
+	buf := make([]byte, 64)
+	_, _ = out.Read(buf) // "started", or the end of a shell that could not fork: every fork was tried
+	cur, err := os.ReadFile(filepath.Join(leaf, "pids.current"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n, err := strconv.Atoi(strings.TrimSpace(string(cur))); err != nil || n > 8 {
+		t.Fatalf("pids.current %q after the fork bomb, want at most pids.max 8", cur)
+	}
+	pe, err := os.ReadFile(filepath.Join(leaf, "pids.events"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ev, _ := eventValue(pe, "max"); ev == "0" || ev == "" {
+		t.Errorf("pids.events max %q: no fork was refused", ev)
+	}
+}

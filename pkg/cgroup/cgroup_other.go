@@ -36,3 +36,5 @@ func readPressure(string, string) (float64, bool, error)      { return 0, false,
 func enabled(string, string) (bool, error)                    { return false, errUnsupported }
 func setMemoryLimit(string, int64, int64) error               { return errUnsupported }
 func oomKills(string) (int64, bool, error)                    { return 0, false, errUnsupported }
+func setPidsMax(string, int64) error                          { return errUnsupported }
+func setCPUWeight(string, int) error                          { return errUnsupported }

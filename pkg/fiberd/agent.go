@@ -44,6 +44,7 @@ type Agent struct {
 	epoch     *core.EpochStore
 	ledger    *core.Ledger
 	limiter   *rate.Limiter
+	limits    cgroupLimits        // what the cgroup root lets the agent enforce
 	ports     *endpoint.Allocator // nil for the unix family
 	tree      *cgroup.Tree        // nil without a cgroup root
 	host      string              // the endpoint host fibers listen on
@@ -190,6 +191,7 @@ func New(ctx context.Context, cfg Config) (a *Agent, err error) {
 			return nil, fmt.Errorf("fiberd: home %s cgroup root: %w", cfg.Home.Name(), err)
 		}
 	}
+	a.limits = readCgroupLimits(a.tree)
 	if cfg.EndpointFamily != endpoint.Unix {
 		a.ports, err = endpoint.NewAllocator(cfg.PortRange)
 		if err != nil {
@@ -240,6 +242,7 @@ func New(ctx context.Context, cfg Config) (a *Agent, err error) {
 		return nil, err
 	}
 	a.logIsolation()
+	a.logLimits()
 	a.log.Info("Agent ready to run", "home", cfg.Home.Name(), "epoch", a.ledger.Epoch(), "listen", cfg.Listen, "socket", cfg.Socket)
 	return a, nil
 }

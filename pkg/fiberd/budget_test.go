@@ -6,12 +6,15 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"reflect"
 	"regexp"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr/funcr"
 	"github.com/go-logr/logr/testr"
 
 	"fiberd.io/fiberd/internal/devkit"
@@ -193,5 +196,77 @@ func TestUnreportedEndsCounted(t *testing.T) {
 	})
 	if g := e.status().Grants[0]; len(g.Exits) != 1 || !strings.Contains(g.Exits[0].Reason, "did not report") {
 		t.Errorf("status exits %+v, want one saying its zygote did not report the end", g.Exits)
+	}
+}
+
+// TestLimitsWhereTheControllersAre: where the cgroup root offers the pids
+// and cpu controllers, each fiber leaf gets pids.max (-fiber-pids-max) and
+// each grant cgroup cpu.weight (-grant-cpu-weight); where it does not,
+// neither is written, and the start-up line and the status name the
+// missing controllers. The cgroupfs is laid out in a temporary directory.
+func TestLimitsWhereTheControllersAre(t *testing.T) {
+	for _, tc := range []struct {
+		name        string
+		controllers string
+		pidsMax     int64
+		wantPids    string // the leaf's pids.max after a Clone; "" = not written
+		wantWeight  string
+		wantLimits  api.Limits
+		wantLog     string
+	}{
+		{"all there", "memory pids cpu", 0, "4096", "100",
+			api.Limits{Cgroups: true, FiberPidsMax: 4096, GrantCPUWeight: 100, WBudgetByCgroup: true}, "every cgroup controller fiberd uses is there"},
+		{"pids max set", "memory pids cpu", 64, "64", "100",
+			api.Limits{Cgroups: true, FiberPidsMax: 64, GrantCPUWeight: 100, WBudgetByCgroup: true}, "every cgroup controller"},
+		{"pids off", "memory pids cpu", -1, "", "100",
+			api.Limits{Cgroups: true, GrantCPUWeight: 100, WBudgetByCgroup: true}, "every cgroup controller"},
+		{"memory only", "memory", 0, "", "",
+			api.Limits{Cgroups: true, WBudgetByCgroup: true, Missing: []string{"pids", "cpu"}}, "does not offer pids, cpu"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			root := t.TempDir()
+			lay := func(dir string, files map[string]string) {
+				must(t, os.MkdirAll(dir, 0o755))
+				for name, content := range files {
+					must(t, os.WriteFile(filepath.Join(dir, name), []byte(content), 0o644))
+				}
+			}
+			cg := map[string]string{"cgroup.procs": "", "cgroup.controllers": tc.controllers, "cgroup.subtree_control": tc.controllers}
+			lay(root, cg)
+			lay(filepath.Join(root, "g1"), cg)
+			must(t, os.WriteFile(filepath.Join(root, "g1", "cpu.weight"), nil, 0o644))
+			lay(filepath.Join(root, "g1", "zygote"), nil)
+			leaf := filepath.Join(root, "g1", "f-1-1")
+			lay(leaf, map[string]string{"cgroup.procs": "", "pids.max": ""})
+			var mu sync.Mutex
+			var lines []string
+			logger := funcr.New(func(_, args string) { mu.Lock(); lines = append(lines, args); mu.Unlock() }, funcr.Options{})
+			e := newEnv(t, withHome(func(h *fakeHome) { h.cgroup = root }),
+				withConfig(func(c *Config) { c.FiberPidsMax, c.Logger = tc.pidsMax, logger }))
+			e.cloneReq(e.unix, api.CloneRequest{Grant: e.mint("g1")}).clone(t)
+			for file, want := range map[string]string{filepath.Join(leaf, "pids.max"): tc.wantPids, filepath.Join(root, "g1", "cpu.weight"): tc.wantWeight} {
+				if b, err := os.ReadFile(file); err != nil || string(b) != want {
+					t.Errorf("%s = %q, %v; want %q", file, b, err, want)
+				}
+			}
+			st := e.status()
+			if st.Limits == nil || !reflect.DeepEqual(*st.Limits, tc.wantLimits) {
+				t.Errorf("status limits %+v, want %+v", st.Limits, tc.wantLimits)
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			n := 0
+			for _, l := range lines {
+				if strings.Contains(l, "Limits:") {
+					n++
+					if !strings.Contains(l, tc.wantLog) {
+						t.Errorf("start-up line %s does not say %q", l, tc.wantLog)
+					}
+				}
+			}
+			if n != 1 {
+				t.Errorf("%d start-up lines about limits, want 1", n)
+			}
+		})
 	}
 }

@@ -12,7 +12,6 @@ import (
 
 	"fiberd.io/fiberd/pkg/api"
 	"fiberd.io/fiberd/pkg/backend"
-	"fiberd.io/fiberd/pkg/cgroup"
 	"fiberd.io/fiberd/pkg/core"
 	"fiberd.io/fiberd/pkg/endpoint"
 	"fiberd.io/fiberd/pkg/grant"
@@ -219,24 +218,13 @@ func (a *Agent) create(ctx context.Context, res *core.Reservation, v slotView, p
 	defer lf.Close() // the fiber holds its own copy
 
 	breq := backend.CloneRequest{Fence: fence, Listener: lf, Payload: payload}
-	var leaf *cgroup.Leaf
-	budget := v.grant.WBudget
-	h.measured = budget > 0
-	if v.cg != nil {
-		l, err := v.cg.Fiber(fence.Epoch, fence.Seq)
-		if err != nil {
-			a.freeFiber(core.Fiber{Handle: h})
-			return api.CloneResponse{}, fmt.Errorf("fiber %s: cgroup leaf: %w", fence, err)
-		}
-		leaf = &l
-		breq.Leaf = l.Path()
-		if budget > 0 && v.memCgroup {
-			if err := l.SetMemoryLimit(budget, memoryHigh(budget)); err != nil {
-				a.log.Error(err, "Cannot set the fiber's memory.max; measuring its W budget instead", "fiber", fence.String())
-			} else {
-				h.measured = false
-			}
-		}
+	leaf, err := a.fiberLeaf(v, fence, h)
+	if err != nil {
+		a.freeFiber(core.Fiber{Handle: h})
+		return api.CloneResponse{}, fmt.Errorf("fiber %s: cgroup leaf: %w", fence, err)
+	}
+	if leaf != nil {
+		breq.Leaf = leaf.Path()
 	}
 	bf, err := b.Clone(ctx, breq)
 	if err != nil {

@@ -32,6 +32,13 @@ const (
 	// DefaultThrashBurst is how many Clones the thrash budget admits at
 	// once.
 	DefaultThrashBurst = 200
+	// DefaultFiberPidsMax is each fiber leaf's pids.max unless
+	// -fiber-pids-max says otherwise: room for a build's parallel jobs and
+	// an interpreter's threads, and a fork bomb's end.
+	DefaultFiberPidsMax = 4096
+	// DefaultGrantCPUWeight is each grant cgroup's cpu.weight, the
+	// kernel's own default: every grant weighs the same.
+	DefaultGrantCPUWeight = 100
 	// DefaultPressureThreshold is the memory pressure (PSI "some avg10", in
 	// percent) above which cmd/fiberd's -pressure-threshold sheds a
 	// grant's Clones unless the flag says otherwise: the grant's tasks
@@ -220,6 +227,16 @@ type Config struct {
 	// backend.IsolationNone: any. Validate refuses a value that is not a
 	// level.
 	MinIsolation backend.Isolation
+	// FiberPidsMax is each fiber leaf's pids.max (-fiber-pids-max), where
+	// the grant's cgroup has the pids controller: the processes and threads
+	// one fiber may have at once, so a fork bomb ends at it. Default
+	// DefaultFiberPidsMax; negative means none.
+	FiberPidsMax int64
+	// GrantCPUWeight is each grant cgroup's cpu.weight (-grant-cpu-weight,
+	// 1 to 10000), where the cgroup root has the cpu controller: grants
+	// share the CPU in proportion to it, however many fibers each runs.
+	// Default DefaultGrantCPUWeight, the same for every grant.
+	GrantCPUWeight int
 
 	// AdminUnsafe enables the admin socket's test-only routes POST /issuer
 	// and POST /scope-lost (-admin-unsafe). Validate refuses it unless the
@@ -241,6 +258,12 @@ func (c Config) withDefaults() Config {
 	}
 	if c.ThrashRate == 0 {
 		c.ThrashRate = DefaultThrashRate
+	}
+	if c.FiberPidsMax == 0 {
+		c.FiberPidsMax = DefaultFiberPidsMax
+	}
+	if c.GrantCPUWeight == 0 {
+		c.GrantCPUWeight = DefaultGrantCPUWeight
 	}
 	if c.ThrashBurst == 0 {
 		c.ThrashBurst = DefaultThrashBurst
@@ -343,6 +366,8 @@ func (c Config) ValidateSettings() error {
 		return bad("BudgetInterval %v is negative: use 0 for the default %v", c.BudgetInterval, DefaultBudgetInterval)
 	case c.MinIsolation != "" && !validIsolation(c.MinIsolation):
 		return bad("MinIsolation %q is not an isolation level: set -min-isolation to none, grant or fiber", string(c.MinIsolation))
+	case c.GrantCPUWeight < 1 || c.GrantCPUWeight > 10000:
+		return bad("GrantCPUWeight %d is out of range: set -grant-cpu-weight from 1 to 10000, or 0 for the default %d", c.GrantCPUWeight, DefaultGrantCPUWeight)
 	case c.AdminUnsafe && !TestHooks:
 		return bad("AdminUnsafe is set but this binary was built without the testhooks tag: drop -admin-unsafe")
 	}

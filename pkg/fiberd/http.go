@@ -234,6 +234,7 @@ func (a *Agent) status() api.Status {
 		// Isolation in the status: isolation.go.
 		Isolation:    a.isolationStatus(),
 		MinIsolation: a.minIsolationStatus(),
+		Limits:       a.limitsStatus(),
 	}
 	for _, gs := range a.ledger.Snapshot() {
 		g := gs.Grant

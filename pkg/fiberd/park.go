@@ -617,7 +617,9 @@ func (a *Agent) resume(ctx context.Context, res *core.Reservation, v slotView, s
 
 // fiberLeaf carves fiber fence's leaf on the grant's cgroup, as v shows
 // it, with the W budget's memory.max where the leaf can enforce it (else h
-// is marked measured); nil without a cgroup.
+// is marked measured) and Config.FiberPidsMax where it has the pids
+// controller; nil without a cgroup. A limit that cannot be written is
+// logged, and the fiber runs without it.
 func (a *Agent) fiberLeaf(v slotView, fence core.Fence, h *fiberHandle) (*cgroup.Leaf, error) {
 	budget := v.grant.WBudget
 	h.measured = budget > 0
@@ -633,6 +635,11 @@ func (a *Agent) fiberLeaf(v slotView, fence core.Fence, h *fiberHandle) (*cgroup
 			a.log.Error(err, "Cannot set the fiber's memory.max; measuring its W budget instead", "fiber", fence.String())
 		} else {
 			h.measured = false
+		}
+	}
+	if v.pidsCgroup && a.cfg.FiberPidsMax > 0 {
+		if err := l.SetPidsMax(a.cfg.FiberPidsMax); err != nil {
+			a.log.Error(err, "Cannot set the fiber's pids.max; it runs without", "fiber", fence.String())
 		}
 	}
 	return &l, nil

@@ -321,8 +321,14 @@ func (a *Agent) ensureWarm(ctx context.Context, s *slot) error {
 		if err != nil {
 			a.log.V(1).Info("Cannot tell whether the grant's cgroup has the memory controller; measuring its W budget", "grant", uid, "err", err.Error())
 		}
+		pids, _ := c.Dir.Enabled("pids")
+		if a.limits.CPU {
+			if err := c.Dir.SetCPUWeight(a.cfg.GrantCPUWeight); err != nil {
+				a.log.Error(err, "Cannot set the grant's cpu.weight; it shares the CPU with the kernel's default weight", "grant", uid)
+			}
+		}
 		s.mu.Lock()
-		s.cg, s.cgRec, s.memCgroup = cg, rec, mem
+		s.cg, s.cgRec, s.memCgroup, s.pidsCgroup = cg, rec, mem, pids
 		s.mu.Unlock()
 	}
 	req := backend.WarmRequest{Grant: g, Spec: spec, Devices: dev, RunDir: filepath.Join(a.cfg.RunDir, "grants", uid), Records: a.recs,
@@ -370,7 +376,7 @@ func (a *Agent) yield(ctx context.Context, s *slot, reason string) {
 	s.mu.Lock()
 	b, cg, cgRec, release := s.backend, s.cg, s.cgRec, s.release
 	s.admitted, s.warm = false, false
-	s.cg, s.cgRec, s.memCgroup, s.release, s.devices = nil, procrec.Record{}, false, nil, core.DeviceChannel{}
+	s.cg, s.cgRec, s.memCgroup, s.pidsCgroup, s.release, s.devices = nil, procrec.Record{}, false, false, nil, core.DeviceChannel{}
 	s.wakeLocked()
 	s.mu.Unlock()
 	a.dropParked(s, "yielded", true)

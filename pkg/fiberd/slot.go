@@ -69,9 +69,12 @@ type slot struct {
 	// memCgroup is set when cg's fiber leaves have the memory controller:
 	// the W budget is then each leaf's memory.max.
 	memCgroup bool
-	devices   core.DeviceChannel // the home's devices for it
-	release   func()             // releases devices; nil until acquired
-	warm      bool               // warm succeeded and the zygote has not died since
+	// pidsCgroup is set when cg's fiber leaves have the pids controller:
+	// each gets pids.max (Config.FiberPidsMax).
+	pidsCgroup bool
+	devices    core.DeviceChannel // the home's devices for it
+	release    func()             // releases devices; nil until acquired
+	warm       bool               // warm succeeded and the zygote has not died since
 	// err is why the last reconcile did not reach what is wanted (a
 	// template that did not warm, a template the node does not hold, a
 	// tier gap), nil when it did.
@@ -172,19 +175,20 @@ func (a *Agent) dropIfIdle(s *slot) {
 
 // slotView is what Clone and status read of a slot, copied under its mu.
 type slotView struct {
-	admitted  bool
-	grant     core.Grant
-	backend   backend.Backend
-	cg        *cgroup.Grant
-	memCgroup bool
-	warm      bool
-	err, gap  error
+	admitted   bool
+	grant      core.Grant
+	backend    backend.Backend
+	cg         *cgroup.Grant
+	memCgroup  bool
+	pidsCgroup bool
+	warm       bool
+	err, gap   error
 }
 
 func (s *slot) view() slotView {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return slotView{admitted: s.admitted, grant: s.grant, backend: s.backend, cg: s.cg, memCgroup: s.memCgroup, warm: s.warm, err: s.err, gap: s.gap}
+	return slotView{admitted: s.admitted, grant: s.grant, backend: s.backend, cg: s.cg, memCgroup: s.memCgroup, pidsCgroup: s.pidsCgroup, warm: s.warm, err: s.err, gap: s.gap}
 }
 
 // isWarm reports whether admitted grant uid's template is warm.
