@@ -241,15 +241,22 @@ func New(ctx context.Context, cfg Config) (a *Agent, err error) {
 }
 
 // sweep ends what a previous run on this state directory left running when
-// it crashed: the processes and cgroups its records name (procrec). It is
-// bounded by drainTimeout; what it cannot end is logged, and its records
-// are kept for the next start.
+// it crashed: the processes and cgroups its records name (procrec), the
+// cgroups only where they lie strictly under the home's cgroup root; each
+// recorded cgroup elsewhere is logged and left alone, its record kept. It
+// is bounded by drainTimeout; what it cannot end is logged, and its
+// records are kept for the next start.
 func (a *Agent) sweep(ctx context.Context) {
 	ctx, cancel := core.WithTimeout(ctx, a.cfg.Clock, drainTimeout)
 	defer cancel()
-	sw, err := a.recs.Sweep(ctx)
+	root := a.cfg.Home.CgroupRoot()
+	sw, err := a.recs.Sweep(ctx, root)
 	if err != nil {
 		a.log.Error(err, "Ending what the previous run left behind; some of it may still run", "records", a.recs.Path())
+	}
+	for _, l := range sw.Left {
+		a.log.Info("Left alone a cgroup recorded outside this home's cgroup root: end what runs in it yourself, then remove its record",
+			"cgroup", l.Cgroup, "cgroupRoot", root, "record", l.Record)
 	}
 	if sw.Records > 0 {
 		a.log.Info("Ended what the previous run left behind", "processes", sw.Processes, "cgroups", sw.Cgroups, "records", sw.Records)
