@@ -75,11 +75,24 @@ type devGrant struct {
 // the same -state verifies the same grants), the example templates (built
 // and specified under the state directory unless -templates names a
 // directory of specs), and a grant per template in the grants directory.
+// A -state it is given is judged as the agent judges it
+// (fiberd.CheckStateDir) before anything is read or written there, and
+// again once made: one another user could write in, or another agent
+// runs on, is refused.
 func prepareDev(o *options, log logr.Logger) (*devSetup, error) {
 	d := &devSetup{}
 	if o.stateSet {
+		if !filepath.IsAbs(o.state) {
+			return nil, bad("state", "%q is not an absolute path: give one", o.state)
+		}
+		if err := fiberd.CheckStateDir(o.state); err != nil {
+			return nil, err
+		}
 		if err := os.MkdirAll(o.state, 0o700); err != nil {
 			return nil, fmt.Errorf("state directory: %w", err)
+		}
+		if err := fiberd.CheckStateDir(o.state); err != nil {
+			return nil, err
 		}
 	} else {
 		dir, err := os.MkdirTemp("", "fiberd-dev-")

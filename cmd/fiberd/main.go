@@ -14,7 +14,8 @@
 //
 // Exit status: 0 after SIGTERM or SIGINT once drained (fibers released,
 // zygotes stopped); 1 when fiberd cannot start or fails; 2 on a bad flag,
-// with a message naming it.
+// with a message naming it, and when another fiberd runs on the same
+// -state (the message names its pid).
 package main
 
 import (
@@ -102,7 +103,7 @@ func run(ctx context.Context, args []string, env environ, stdout, stderr io.Writ
 	if o.dev {
 		if dev, err = prepareDev(&o, log); err != nil {
 			fmt.Fprintf(stderr, "fiberd -dev: %v\n", err)
-			return exitFailure
+			return startFailure(err)
 		}
 		defer dev.cleanup(log)
 	}
@@ -112,6 +113,13 @@ func run(ctx context.Context, args []string, env environ, stdout, stderr io.Writ
 		return exitUsage
 	}
 
+	// A -state that is not fiberd's, or that another fiberd holds, is
+	// refused before anything is built (a home may carve or delegate
+	// cgroups, or read its Pod): New judges and locks it again itself.
+	if err := fiberd.CheckStateDir(o.state); err != nil {
+		fmt.Fprintf(stderr, "fiberd: %v\n", err)
+		return startFailure(err)
+	}
 	agent, err := build(ctx, o, log)
 	if err != nil && ctx.Err() != nil {
 		// SIGTERM while starting (the grant fetch, the wait for the Pod's
@@ -121,7 +129,7 @@ func run(ctx context.Context, args []string, env environ, stdout, stderr io.Writ
 	}
 	if err != nil {
 		fmt.Fprintf(stderr, "fiberd: %v\n", err)
-		return exitFailure
+		return startFailure(err)
 	}
 	log.Info("fiberd starting", "home", o.home, "epoch", agent.Epoch(), "state", o.state,
 		"socket", agent.SocketPath(), "listen", addrString(agent))
@@ -141,6 +149,17 @@ func run(ctx context.Context, args []string, env environ, stdout, stderr io.Writ
 	}
 	log.Info("fiberd stopped: every fiber released, every zygote stopped")
 	return exitOK
+}
+
+// startFailure is the exit status for err, which stopped fiberd before it
+// served: exitUsage for a bad flag and when another agent holds the -state
+// (the command line must name another), exitFailure otherwise.
+func startFailure(err error) int {
+	var fe *flagError
+	if errors.Is(err, fiberd.ErrStateInUse) || errors.As(err, &fe) {
+		return exitUsage
+	}
+	return exitFailure
 }
 
 // build turns the options into a running agent's parts: the issuer's keys,

@@ -57,6 +57,11 @@ type Agent struct {
 	measure func(pids []int) (int64, error)
 	noPSI   sync.Once // "memory.pressure is absent" is logged once
 
+	// lock is StateDir/private/lock, flocked by New before its sweep and
+	// held until Run ends or Close: no second agent sweeps this one's
+	// processes or takes its sockets. nil once released.
+	lock *os.File
+
 	apiTCP   net.Listener // nil when Listen is empty
 	apiUnix  net.Listener // nil when Socket is "-"
 	admin    net.Listener
@@ -125,11 +130,27 @@ type fiberHandle struct {
 }
 
 // New validates cfg and prepares the agent in the order of ARCHITECTURE
-// 4.7: the private state directory (0700), the verifier, the backends'
-// cgroup tree, the epoch bump (persisted in StateDir/private/epoch before
-// anything is served), the ledger, and the API listeners and the admin
-// socket, bound but not served: Run serves them. It asks an EndpointHoster
-// home for its endpoint host here, once. ctx bounds New's own work.
+// 4.7: the private state directory (0700), the sweep of what a crashed run
+// on it left, the verifier, the backends' cgroup tree, the epoch bump
+// (persisted in StateDir/private/epoch before anything is served), the
+// ledger, and the API listeners and the admin socket, bound but not
+// served: Run serves them. It asks an EndpointHoster home for its endpoint
+// host here, once. ctx bounds New's own work.
+//
+// The state directory, the run directory and the API socket's directory
+// must be fiberd's alone, and New refuses to start, before it reads,
+// sweeps or binds anything there, when one is not: each must be a
+// directory owned by fiberd's effective uid and writable by neither group
+// nor others, below directories (up to /) owned by root or that uid and
+// writable by neither group nor others unless sticky (as /tmp is); a
+// symbolic link on the way must be owned by root or that uid, and is
+// judged by what it leads to. A missing directory is judged by the
+// nearest one above it, created 0700, and judged again. The error names
+// the path and how to fix it. New then takes the state directory's lock
+// (StateDir/private/lock, flock, held until Run ends or Close, or the
+// process dies) before its sweep: when another agent holds it New fails
+// with an error wrapping ErrStateInUse naming that agent's pid, having
+// swept and bound nothing.
 //
 // When Validate refuses cfg, New returns its error and touches nothing:
 // cfg.Home and the backends are still the caller's. On a later failure
@@ -160,18 +181,41 @@ func New(ctx context.Context, cfg Config) (a *Agent, err error) {
 		if err != nil {
 			agent.closeListeners()
 			closeOwned(cfg)
+			agent.unlock()
 			a = nil
 		}
 	}()
 
+	// The directories are judged before anything is made in them, and
+	// again once made: a directory someone made meanwhile (under a sticky
+	// /tmp, say) is not adopted.
 	private := filepath.Join(cfg.StateDir, "private")
-	for _, d := range []string{cfg.StateDir, private, cfg.RunDir, filepath.Join(cfg.RunDir, "fibers")} {
+	euid := os.Geteuid()
+	dirs := places(cfg)
+	for _, p := range dirs {
+		if err := checkPlace(p, euid, true); err != nil {
+			return nil, err
+		}
+	}
+	mk := []string{cfg.StateDir, private, cfg.RunDir, filepath.Join(cfg.RunDir, "fibers")}
+	if cfg.Socket != "-" {
+		mk = append(mk, filepath.Dir(cfg.Socket))
+	}
+	for _, d := range mk {
 		if err := os.MkdirAll(d, 0o700); err != nil {
 			return nil, fmt.Errorf("fiberd: state directory %s: %w", d, err)
 		}
 	}
 	if err := os.Chmod(private, 0o700); err != nil {
 		return nil, fmt.Errorf("fiberd: state directory %s: %w", private, err)
+	}
+	for _, p := range append(dirs, place{private, "state directory's private directory", "-state"}) {
+		if err := checkPlace(p, euid, false); err != nil {
+			return nil, err
+		}
+	}
+	if a.lock, err = lockState(cfg.StateDir); err != nil {
+		return nil, err
 	}
 	if a.recs, err = procrec.Open(filepath.Join(private, "procs")); err != nil {
 		return nil, fmt.Errorf("fiberd: %w", err)
@@ -248,15 +292,22 @@ func New(ctx context.Context, cfg Config) (a *Agent, err error) {
 }
 
 // sweep ends what a previous run on this state directory left running when
-// it crashed: the processes and cgroups its records name (procrec). It is
-// bounded by drainTimeout; what it cannot end is logged, and its records
-// are kept for the next start.
+// it crashed: the processes and cgroups its records name (procrec), the
+// cgroups only where they lie strictly under the home's cgroup root; each
+// recorded cgroup elsewhere is logged and left alone, its record kept. It
+// is bounded by drainTimeout; what it cannot end is logged, and its
+// records are kept for the next start.
 func (a *Agent) sweep(ctx context.Context) {
 	ctx, cancel := core.WithTimeout(ctx, a.cfg.Clock, drainTimeout)
 	defer cancel()
-	sw, err := a.recs.Sweep(ctx)
+	root := a.cfg.Home.CgroupRoot()
+	sw, err := a.recs.Sweep(ctx, root)
 	if err != nil {
 		a.log.Error(err, "Ending what the previous run left behind; some of it may still run", "records", a.recs.Path())
+	}
+	for _, l := range sw.Left {
+		a.log.Info("Left alone a cgroup recorded outside this home's cgroup root: end what runs in it yourself, then remove its record",
+			"cgroup", l.Cgroup, "cgroupRoot", root, "record", l.Record)
 	}
 	if sw.Records > 0 {
 		a.log.Info("Ended what the previous run left behind", "processes", sw.Processes, "cgroups", sw.Cgroups, "records", sw.Records)
@@ -284,9 +335,7 @@ func (a *Agent) bind(ctx context.Context, private string) error {
 	}
 	a.admin = limitConns(a.admin, a.cfg.Limits.MaxConns)
 	if a.cfg.Socket != "-" {
-		if err := os.MkdirAll(filepath.Dir(a.cfg.Socket), 0o700); err != nil {
-			return fmt.Errorf("fiberd: socket directory: %w", err)
-		}
+		// New made (and judged) its directory.
 		a.apiUnix, _, err = endpoint.ListenUnix(a.cfg.Socket)
 		if err != nil {
 			return fmt.Errorf("fiberd: -socket %s: %w", a.cfg.Socket, err)
@@ -336,6 +385,14 @@ func serverTLS(cfg Config) (*tls.Config, error) {
 	}, nil
 }
 
+// unlock releases the state directory's lock, once.
+func (a *Agent) unlock() {
+	if a.lock != nil {
+		_ = a.lock.Close()
+		a.lock = nil
+	}
+}
+
 func (a *Agent) closeListeners() {
 	for _, ln := range []net.Listener{a.apiTCP, a.apiUnix, a.admin} {
 		if ln != nil {
@@ -370,7 +427,8 @@ func (a *Agent) AdminSocketPath() string {
 func (a *Agent) Epoch() uint64 { return a.ledger.Epoch() }
 
 // Close releases what New acquired when Run is never called: the listeners,
-// the backends and the home. After Run it does nothing. It is idempotent.
+// the backends, the home and the state directory's lock. After Run it does
+// nothing. It is idempotent.
 func (a *Agent) Close() {
 	a.mu.Lock()
 	if a.closed || a.ran {
@@ -382,11 +440,13 @@ func (a *Agent) Close() {
 	a.mu.Unlock()
 	a.closeListeners()
 	closeOwned(a.cfg)
+	a.unlock()
 }
 
 // Run serves until ctx ends, then drains: it stops accepting, releases every
-// fiber, stops every zygote, closes the backends and the home, and returns
-// nil once every goroutine it started has ended. When one of its servers
+// fiber, stops every zygote, closes the backends and the home, releases the
+// state directory's lock, and returns nil once every goroutine it started
+// has ended. When one of its servers
 // fails (its listener broke), it drains the same way and returns that
 // error. It starts, in order, the
 // home, the lane, the reaper and the exit loops, then serves the admin
@@ -408,6 +468,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		cancel()
 		a.closeListeners()
 		closeOwned(a.cfg)
+		a.unlock()
 		return fmt.Errorf("fiberd: home %s lane: %w", a.home.Name(), err)
 	}
 
@@ -495,6 +556,9 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	exits.Wait()
 	a.home.Close()
+	// Nothing of this run is left: another agent may take the state
+	// directory.
+	a.unlock()
 	if runErr != nil {
 		a.log.Info("Agent stopped after a failure", "err", runErr.Error())
 		return runErr

@@ -53,9 +53,15 @@
 //
 // New follows ARCHITECTURE 4.7: private state dir (0700), the sweep of what
 // a crashed run left (the processes and cgroups StateDir/private/procs
-// records, pkg/procrec), verifier, cgroup tree, endpoint host (asked once
-// of an EndpointHoster home), epoch bump, ledger and revocations, then the
-// admin socket and API listeners are bound. Run starts the home, the lane,
+// records, pkg/procrec; cgroups only under the home's cgroup root),
+// verifier, cgroup tree, endpoint host (asked once of an EndpointHoster
+// home), epoch bump, ledger and revocations, then the admin socket and API
+// listeners are bound. Before any of it, the state, run and socket
+// directories must be fiberd's alone (statedir.go: owned by its effective
+// uid, below directories of root's or its own, none writable by others
+// unless sticky), and the agent holds the state directory's lock
+// (StateDir/private/lock) from before the sweep to the end of Run: a
+// second agent on it fails with ErrStateInUse. Run starts the home, the lane,
 // the grants' reconciles, the resync, the W budget's measurements and the
 // backends' exit loops, then serves; when its context ends (or a server
 // fails: Run then returns its error) it stops accepting, ends watch

@@ -6,6 +6,13 @@ import (
 	"fiberd.io/fiberd/pkg/core"
 )
 
+// ErrStateInUse is what New's error wraps (and CheckStateDir's) when
+// another process, another agent, holds the state directory's lock: the
+// error names the directory and the pid that process wrote in the lock
+// file. cmd/fiberd exits 2 for it, as for a bad flag: a second agent needs
+// a -state of its own.
+var ErrStateInUse = errors.New("state directory in use by another agent")
+
 // The agent's own errors. Everything else it returns wraps a class of
 // pkg/core (core.ErrInvalid, ErrUnauthenticated, ErrNotFound, ErrTierGap)
 // or is a *core.Miss, keeping its cause: writeError maps them to the wire,

@@ -279,3 +279,50 @@ func TestNewEndsWhatACrashLeft(t *testing.T) {
 		t.Error("the recorded process exited by itself, not killed")
 	}
 }
+
+// TestNewSweepsOnlyCgroupsUnderItsRoot: New sweeps a cgroup its records
+// name only when it lies strictly under the home's cgroup root; one beside
+// it, or in a directory whose name only begins like the root's, is left
+// alone with its record kept. The cgroup root is a directory shaped like a
+// cgroup v2 one; the recorded "cgroups" are empty directories, which the
+// sweep removes as it would empty cgroups.
+func TestNewSweepsOnlyCgroupsUnderItsRoot(t *testing.T) {
+	base, err := os.MkdirTemp("", "fd")
+	must(t, err)
+	t.Cleanup(func() { os.RemoveAll(base) })
+	root := filepath.Join(base, "cg")
+	must(t, os.Mkdir(root, 0o755))
+	for _, f := range []string{"cgroup.procs", "cgroup.controllers", "cgroup.subtree_control"} {
+		must(t, os.WriteFile(filepath.Join(root, f), nil, 0o644))
+	}
+	dirs := map[string]string{
+		"g-in":       filepath.Join(root, "g-in"),
+		"g-beside":   filepath.Join(base, "other", "g-beside"),
+		"g-prefixed": filepath.Join(base, "cg-evil", "g-prefixed"),
+	}
+	state := filepath.Join(base, "state")
+	recs, err := procrec.Open(filepath.Join(state, "private", "procs"))
+	must(t, err)
+	for name, dir := range dirs {
+		must(t, os.MkdirAll(dir, 0o755))
+		_, err := recs.AddCgroup(name, dir)
+		must(t, err)
+	}
+
+	newEnv(t, withHome(func(h *fakeHome) { h.cgroup = root }), func(e *env) {
+		e.stateDir, e.cfg.StateDir = state, state
+	})
+	for name, dir := range dirs {
+		_, err := os.Stat(dir)
+		_, rerr := os.Stat(filepath.Join(recs.Path(), "c-"+name))
+		if name == "g-in" {
+			if !os.IsNotExist(err) || !os.IsNotExist(rerr) {
+				t.Errorf("cgroup %s under the root, or its record, survived New (stat: %v, record: %v)", dir, err, rerr)
+			}
+			continue
+		}
+		if err != nil || rerr != nil {
+			t.Errorf("cgroup %s outside the root %s, or its record, was swept (stat: %v, record: %v)", dir, root, err, rerr)
+		}
+	}
+}

@@ -18,8 +18,10 @@
 // file, synced and renamed).
 //
 // Sweep ends what the records name, then removes them: each recorded cgroup
-// is killed whole (cgroup.kill), waited empty and removed; each recorded
-// process that is still the same process is killed, and so is every
+// that lies strictly under the cgroup root its caller names (the agent's)
+// is killed whole (cgroup.kill), waited empty and removed (one elsewhere is
+// left alone, its record kept); each recorded process that is still the
+// same process (its pid and its start time) is killed, and so is every
 // process of its session (every zygote and fiber leads its own session, so
 // what a fiber started is found there, where no cgroup holds it). Sweep
 // waits until they are gone. What it cannot see: a process that left its

@@ -7,6 +7,8 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
+	"sort"
 	"strings"
 	"syscall"
 	"testing"
@@ -84,11 +86,18 @@ func running(pid int, start uint64) bool {
 	return err == nil && st.Start == start && !st.Zombie
 }
 
+// sweep sweeps d with no cgroup root: tests of cgroup records call
+// sweepUnder.
 func sweep(t *testing.T, d *Dir) Swept {
+	t.Helper()
+	return sweepUnder(t, d, "")
+}
+
+func sweepUnder(t *testing.T, d *Dir, cgroupRoot string) Swept {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	sw, err := d.Sweep(ctx)
+	sw, err := d.Sweep(ctx, cgroupRoot)
 	if err != nil {
 		t.Fatalf("Sweep: %v", err)
 	}
@@ -178,7 +187,7 @@ func TestSweepForgetsWhatIsGone(t *testing.T) {
 	if r, err := none.AddProcess(1, 1); err != nil || r != (Record{}) {
 		t.Errorf("nil Dir AddProcess = %+v, %v", r, err)
 	}
-	if sw, err := none.Sweep(context.Background()); err != nil || sw != (Swept{}) {
+	if sw, err := none.Sweep(context.Background(), "/"); err != nil || sw.Records != 0 || sw.Left != nil {
 		t.Errorf("nil Dir Sweep = %+v, %v", sw, err)
 	}
 }
@@ -294,7 +303,7 @@ func TestSweepCgroup(t *testing.T) {
 	if _, err := d.AddCgroup("g1", dir); err != nil {
 		t.Fatal(err)
 	}
-	if sw := sweep(t, d); sw.Cgroups != 1 {
+	if sw := sweepUnder(t, d, mount); sw.Cgroups != 1 {
 		t.Errorf("Sweep = %+v, want one cgroup", sw)
 	}
 	if _, err := os.Stat(dir); !os.IsNotExist(err) {
@@ -344,5 +353,138 @@ func TestSweepOutrunsAForkingSession(t *testing.T) {
 	sweep(t, d)
 	if left := members(t, s.pid, 0); len(left) != 0 {
 		t.Fatalf("session of a forking process still has %v after the sweep", left)
+	}
+}
+
+// TestSweepLeavesCgroupsOutsideTheRoot: a cgroup record is acted on only
+// when the directory it names lies strictly under the cgroup root Sweep is
+// given. Records naming a directory beside the root, one sharing its
+// name's prefix, one reached with "..", one reached through a symbolic
+// link under the root that leads out of it, or the root itself, are left
+// alone, listed in Left and kept; so is every record when there is no
+// root. A record naming a directory that is gone is removed. The
+// "cgroups" are plain empty directories, which Destroy treats as empty
+// cgroups (nothing to kill, then rmdir): a directory that is still there
+// was not swept.
+func TestSweepLeavesCgroupsOutsideTheRoot(t *testing.T) {
+	linuxOnly(t)
+	base := t.TempDir()
+	root := filepath.Join(base, "root")
+	mkdirs := func(dirs ...string) {
+		t.Helper()
+		for _, dir := range dirs {
+			if err := os.MkdirAll(dir, 0o755); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	inside := filepath.Join(root, "g-in")
+	beside := filepath.Join(base, "other", "g-beside")
+	prefixed := filepath.Join(base, "root-evil", "g-prefixed")
+	dotdot := filepath.Join(base, "other", "g-dotdot")
+	linked := filepath.Join(base, "other", "g-linked")
+	mkdirs(inside, beside, prefixed, dotdot, linked)
+	if err := os.Symlink(linked, filepath.Join(root, "g-link")); err != nil {
+		t.Fatal(err)
+	}
+	d, err := Open(filepath.Join(base, "procs"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, dir := range map[string]string{
+		"g-in":       inside,
+		"g-beside":   beside,
+		"g-prefixed": prefixed,
+		"g-dotdot":   root + "/../other/g-dotdot",
+		"g-link":     filepath.Join(root, "g-link"),
+		"g-root":     root,
+		"g-gone":     filepath.Join(root, "g-gone"),
+	} {
+		if _, err := d.AddCgroup(name, dir); err != nil {
+			t.Fatal(err)
+		}
+	}
+	left := func(sw Swept) []string {
+		var names []string
+		for _, l := range sw.Left {
+			names = append(names, strings.TrimPrefix(filepath.Base(l.Record), "c-"))
+		}
+		sort.Strings(names)
+		return names
+	}
+	exists := func(dir string) bool { _, err := os.Stat(dir); return err == nil }
+
+	// No root: nothing is swept, every record of what exists is kept.
+	sw := sweepUnder(t, d, "")
+	if sw.Cgroups != 0 || !exists(inside) {
+		t.Errorf("Sweep without a cgroup root = %+v, removed %s: want nothing swept", sw, inside)
+	}
+	if got, want := left(sw), []string{"g-beside", "g-dotdot", "g-in", "g-link", "g-prefixed", "g-root"}; !slices.Equal(got, want) {
+		t.Errorf("Sweep without a cgroup root left %v, want %v", got, want)
+	}
+
+	sw = sweepUnder(t, d, root)
+	if sw.Cgroups != 1 || exists(inside) {
+		t.Errorf("Sweep = %+v, %s exists: %v; want the one cgroup under the root swept", sw, inside, exists(inside))
+	}
+	if got, want := left(sw), []string{"g-beside", "g-dotdot", "g-link", "g-prefixed", "g-root"}; !slices.Equal(got, want) {
+		t.Errorf("Sweep left %v, want %v", got, want)
+	}
+	for _, dir := range []string{beside, prefixed, dotdot, linked, root} {
+		if !exists(dir) {
+			t.Errorf("%s, outside the cgroup root %s, was swept", dir, root)
+		}
+	}
+	for _, l := range sw.Left {
+		if _, err := os.Stat(l.Record); err != nil {
+			t.Errorf("record %s of %s, left alone, was not kept: %v", l.Record, l.Cgroup, err)
+		}
+	}
+	for _, gone := range []string{"c-g-in", "c-g-gone"} {
+		if _, err := os.Stat(filepath.Join(d.Path(), gone)); !os.IsNotExist(err) {
+			t.Errorf("record %s of a cgroup swept or gone was kept (stat: %v)", gone, err)
+		}
+	}
+}
+
+// TestUnder: what lies strictly under a cgroup root, element by element,
+// as written and resolved.
+func TestUnder(t *testing.T) {
+	base := t.TempDir()
+	root := filepath.Join(base, "root")
+	for _, dir := range []string{filepath.Join(root, "a", "b"), filepath.Join(base, "out")} {
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Symlink(filepath.Join(base, "out"), filepath.Join(root, "escape")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(root, filepath.Join(base, "rootlink")); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		root, dir string
+		want      bool
+	}{
+		{root, filepath.Join(root, "a"), true},
+		{root, filepath.Join(root, "a", "b"), true},
+		{root + "/", filepath.Join(root, "a"), true},
+		{root, root, false},
+		{root, base, false},
+		{root, filepath.Join(base, "out"), false},
+		{root, root + "/a/../../out", false},
+		{root, root + "/./a", false},
+		{root, filepath.Join(root, "escape"), false},
+		{root, filepath.Join(base, "rootlink", "a"), false}, // into the root from elsewhere
+		{filepath.Join(base, "rootlink"), filepath.Join(base, "rootlink", "a"), true},
+		{root, filepath.Join(root, "missing"), false},
+		{"", filepath.Join(root, "a"), false},
+		{"relative", filepath.Join(root, "a"), false},
+		{"/", filepath.Join(root, "a"), true},
+	} {
+		if _, got := under(tc.root, tc.dir); got != tc.want {
+			t.Errorf("under(%q, %q) = %v, want %v", tc.root, tc.dir, got, tc.want)
+		}
 	}
 }

@@ -31,6 +31,19 @@ type Swept struct {
 	Processes int
 	// Records is how many records were read.
 	Records int
+	// Left lists the cgroup records Sweep left alone because the cgroup
+	// they name does not lie strictly under the cgroup root it was given;
+	// their records are kept.
+	Left []Left
+}
+
+// Left is a cgroup record Sweep did not act on: the cgroup it names exists
+// but does not lie strictly under the cgroup root Sweep was given.
+type Left struct {
+	// Record is the record's file.
+	Record string
+	// Cgroup is the directory it names.
+	Cgroup string
 }
 
 // Sweep ends what the records of d name, as the package doc says, and
@@ -38,7 +51,18 @@ type Swept struct {
 // killed has ended, or fails when ctx ends first (the records of what still
 // runs are kept for the next Sweep) or a cgroup cannot be removed. A nil
 // Dir sweeps nothing.
-func (d *Dir) Sweep(ctx context.Context) (Swept, error) {
+//
+// A cgroup record is acted on only when the directory it names lies
+// strictly under cgroupRoot (the agent's cgroup root; "" for none): below
+// it, compared path element by path element once both are resolved (so
+// neither ".." nor a symbolic link leads out of it), and not the root
+// itself. A record naming a directory that exists elsewhere is left alone
+// and kept, and listed in Swept.Left for the caller to report: it is either
+// from a run whose cgroup root was another (whatever still runs in it is
+// the operator's to end, and the record the only trace of it) or not
+// fiberd's at all. A record naming a directory that no longer exists is
+// removed wherever it pointed.
+func (d *Dir) Sweep(ctx context.Context, cgroupRoot string) (Swept, error) {
 	var sw Swept
 	if d == nil {
 		return sw, nil
@@ -84,7 +108,16 @@ func (d *Dir) Sweep(ctx context.Context) (Swept, error) {
 				_ = os.Remove(path) // unreadable: nothing to go on
 				continue
 			}
-			switch err := cgroup.At(dir).Destroy(ctx); {
+			if _, err := os.Lstat(dir); errors.Is(err, fs.ErrNotExist) {
+				_ = os.Remove(path) // gone: nothing to end
+				continue
+			}
+			real, ok := under(cgroupRoot, dir)
+			if !ok {
+				sw.Left = append(sw.Left, Left{Record: path, Cgroup: dir})
+				continue
+			}
+			switch err := cgroup.At(real).Destroy(ctx); {
 			case err == nil:
 				sw.Cgroups++
 				_ = os.Remove(path)
@@ -206,6 +239,41 @@ func scanProc() map[int]Stat {
 		}
 	}
 	return out
+}
+
+// under reports whether dir lies strictly under root, and returns dir
+// resolved. Both must be absolute, and dir clean (as AddCgroup wrote it: a
+// recorded path holding "." or ".." elements is not one fiberd wrote). dir
+// must lie under root as written and also once both are resolved
+// (filepath.EvalSymlinks), compared path element by path element: a
+// symbolic link that leads out of the root, or into it from elsewhere, is
+// not under it. The root itself is not under the root, an empty root has
+// nothing under it, and a path that cannot be resolved is not under
+// anything.
+func under(root, dir string) (string, bool) {
+	if root == "" || !filepath.IsAbs(root) || dir != filepath.Clean(dir) || !strictlyUnder(filepath.Clean(root), dir) {
+		return "", false
+	}
+	realRoot, err := filepath.EvalSymlinks(root)
+	if err != nil {
+		return "", false
+	}
+	realDir, err := filepath.EvalSymlinks(dir)
+	if err != nil || !strictlyUnder(realRoot, realDir) {
+		return "", false
+	}
+	return realDir, true
+}
+
+// strictlyUnder reports whether the clean absolute path p lies below the
+// clean absolute directory root, element by element ("/a/bc" is not under
+// "/a/b"), and is not root itself.
+func strictlyUnder(root, p string) bool {
+	if !filepath.IsAbs(root) || !filepath.IsAbs(p) {
+		return false
+	}
+	rel, err := filepath.Rel(root, p)
+	return err == nil && rel != "." && rel != ".." && !strings.HasPrefix(rel, "../")
 }
 
 // parseProcName reads "p-<pid>-<start>".
