@@ -132,11 +132,31 @@ func walkPlace(p place, path string, euid int, own, resolved bool) (linked bool,
 			return linked, fmt.Errorf("%s has mode %s, writable by group or others: chmod go-w %s, or choose another %s", subject, modeString(mode), cur, p.flag)
 		case !trusted:
 			return linked, fmt.Errorf("%s: its parent %s is owned by uid %d, neither root nor fiberd's uid %d, who could replace what lies below it: choose another %s, below directories only root or uid %d can write", head, cur, uid, euid, p.flag, euid)
-		case mode.Perm()&0o022 != 0 && mode&fs.ModeSticky == 0:
+		case mode.Perm()&0o022 != 0 && mode&fs.ModeSticky == 0 && !podVolume(fi, euid):
 			return linked, fmt.Errorf("%s: its parent %s has mode %s, writable by group or others without the sticky bit, who could replace what lies below it: chmod go-w (or +t) %s, or choose another %s", head, cur, modeString(mode), cur, p.flag)
 		}
 	}
 	return linked, nil
+}
+
+// podVolumeGID is fiberd's effective gid, for podVolume; a variable so
+// the tests can say which gid fiberd has.
+var podVolumeGID = os.Getegid
+
+// podVolume reports whether fi, a directory above a place, is a grant
+// Pod's own volume as the kubelet makes it under the Pod's fsGroup: owned
+// by root, its group fiberd's effective gid, set-group-id, writable by all
+// (an emptyDir is 0777), for a fiberd that does not run as root. Only the
+// Pod's containers reach such a volume, and fiberd is the grant Pod's one
+// container, so those who could write in it are fiberd and the fibers it
+// starts; unisolated, they run as fiberd's own user, who may write its
+// state anyway (docs/security.md says what isolation in a Pod will need).
+// Such a parent is accepted although it has no sticky bit: the kubelet
+// cannot be told to set one.
+func podVolume(fi fs.FileInfo, euid int) bool {
+	uid, known := fileUID(fi)
+	gid, gknown := fileGID(fi)
+	return euid != 0 && known && gknown && uid == 0 && gid == podVolumeGID() && fi.Mode()&fs.ModeSetgid != 0
 }
 
 // modeString is mode's permission bits in octal, the sticky bit included.

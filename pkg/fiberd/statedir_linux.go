@@ -23,6 +23,15 @@ func fileUID(fi fs.FileInfo) (uid int, known bool) {
 	return int(st.Uid), true
 }
 
+// fileGID is the group of the file fi describes.
+func fileGID(fi fs.FileInfo) (gid int, known bool) {
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	if !ok {
+		return 0, false
+	}
+	return int(st.Gid), true
+}
+
 // lockState takes the lock of the state directory dir for the agent's
 // life: an exclusive flock(2) of dir/private/lock (created 0600), into
 // which it writes fiberd's pid once it holds it. The lock goes with the

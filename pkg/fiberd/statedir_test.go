@@ -73,6 +73,13 @@ func TestCheckPlace(t *testing.T) {
 		{name: "group-writable parent", make: under(ownedDir(0o775, 0)), want: "its parent %[1]s/p has mode 0775, writable by group or others without the sticky bit"},
 		{name: "world-writable parent", make: under(ownedDir(0o777, 0)), want: "its parent %[1]s/p has mode 0777"},
 		{name: "sticky world-writable parent of root", make: under(ownedDir(stickyAll, 0)), want: ""},
+		// A grant Pod's volume under its fsGroup (root's, fiberd's group,
+		// setgid, 0777: an emptyDir), for a fiberd that is not root; not
+		// for root's fiberd, nor without the setgid bit the kubelet sets.
+		{name: "pod volume parent", euid: other, make: owned(under(ownedDir(os.ModeSetgid|0o777, 0)), other), want: ""},
+		{name: "pod volume parent, fiberd root", make: under(ownedDir(os.ModeSetgid|0o777, 0)), want: "its parent %[1]s/p has mode 2777"},
+		{name: "pod volume parent without setgid", euid: other, make: owned(under(ownedDir(0o777, 0)), other), want: "its parent %[1]s/p has mode 0777"},
+		{name: "pod volume itself as the state directory", euid: other, make: ownedDir(os.ModeSetgid|0o777, 0), want: "is owned by uid 0, not by fiberd's uid 4242"},
 		{name: "sticky world-writable parent of another uid", make: under(ownedDir(stickyAll, nobody)), want: "its parent %[1]s/p is owned by uid 65534"},
 		{name: "missing below a good parent", missing: true, make: missing(ownedDir(0o755, 0)), want: ""},
 		{name: "missing below a sticky parent", missing: true, make: missing(ownedDir(stickyAll, 0)), want: ""},

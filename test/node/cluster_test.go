@@ -406,7 +406,7 @@ func (c *cluster) taskPID(t testing.TB, containerID string) int {
 // agent is a client of fiberd's unix socket in the container, reached through its root.
 func (g *grantPod) agent(t testing.TB) *client.Client {
 	t.Helper()
-	cl, err := client.New(client.Config{Addr: fmt.Sprintf("unix:///proc/%d/root/var/lib/fiberd/fiberd.sock", g.hostPID), Timeout: 20 * time.Second})
+	cl, err := client.New(client.Config{Addr: fmt.Sprintf("unix:///proc/%d/root/var/lib/fiberd/state/fiberd.sock", g.hostPID), Timeout: 20 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
