@@ -142,7 +142,7 @@ func startNodeEnv(ctx context.Context, work string, kube *kubeTools, o options, 
 func (e *nodeEnv) kubectl(ctx context.Context, in string, args ...string) (string, error) {
 	ctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, filepath.Join(e.node.Bin(), "kubectl"), append([]string{"--kubeconfig", filepath.Join(e.kc.dir, "kubeconfig")}, args...)...)
+	cmd := exec.CommandContext(ctx, filepath.Join(e.node.Bin(), "kubectl"), append([]string{"--kubeconfig", filepath.Join(e.kc.dir, "kubeconfig"), "--cache-dir", filepath.Join(e.kc.dir, "kubectl-cache")}, args...)...)
 	cmd.Stdin = strings.NewReader(in)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr

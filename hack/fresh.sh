@@ -16,8 +16,8 @@
 #     fiberd's default state and run directories (/var/lib/fiberd, /run/fiberd);
 #   - what a kubelet, containerd, runc and the CNI plugins keep in their default places (a node of
 #     hack/node-up.sh keeps its own under its directory; these are what they use whatever they are
-#     told, or what an older node-up.sh let them use), and a node's bridge, nftables table and
-#     cgroup when nothing runs in them;
+#     told, or what an older node-up.sh let them use), libmount's /run/mount when its utab is
+#     empty, and a node's bridge, nftables table and cgroup when nothing runs in them;
 #   - the Debian packages that .ci/run and hack/criu.sh installed, as hack/lib/packages.sh recorded
 #     them (apt-get purge); a package the machine had before is never in the record. Packages those
 #     scripts use that are installed without a record (an install from before the record existed)
@@ -72,10 +72,15 @@ kube_cache=${FIBERD_KUBE_CACHE:-$HOME/.cache/fiberd/kube}
 criu_cache=${FIBERD_CRIU_CACHE:-$HOME/.cache/fiberd/criu}
 remove "$kube_cache" "$criu_cache" "$HOME/.cache/fiberd" /var/cache/fiberd /dev/shm/fiberd-criu \
 	/var/lib/fiberd /run/fiberd
+# kubectl's discovery cache, which suites of older checkouts filled with every test cluster's port.
+remove "$HOME/.kube/cache"
 
 # The places a kubelet, containerd, runc, libcni and the flexvolume prober use by default.
 remove /var/lib/kubelet /var/lib/containerd /run/containerd /run/runc /var/lib/cni /etc/cni /opt/cni \
 	/var/log/containers /var/log/pods /usr/libexec/kubernetes /etc/kubernetes
+
+# libmount's runtime directory, which the first mount(8) on a machine makes, when it holds nothing.
+if [[ -d /run/mount && ! -s /run/mount/utab ]]; then remove /run/mount; fi
 
 # A node's network and cgroups (defaults of hack/node-up.sh), when a stop did not run.
 if ip link show fiberd0 >/dev/null 2>&1; then run ip link delete fiberd0; fi

@@ -162,6 +162,7 @@ host_record() {
 	local s
 	for s in "${SYSCTLS[@]}"; do printf '%s=%s\n' "$s" "$(cat "/proc/sys/$s")"; done >"$DIR/host.env.partial"
 	nft list tables | sed -n 's/^table //p' | tr ' ' ':' >"$DIR/nft-tables.before"
+	if [[ -e /run/mount ]]; then echo yes; else echo no; fi >"$DIR/run-mount.before"
 	mv "$DIR/host.env.partial" "$DIR/host.env"
 }
 host_restore() {
@@ -403,7 +404,7 @@ node_pki() {
 
 # ------------------------------------------------------------------------------------ start
 
-kc() { "$BIN/kubectl" --kubeconfig "$KUBEDIR/kubeconfig" "$@"; }
+kc() { "$BIN/kubectl" --kubeconfig "$KUBEDIR/kubeconfig" --cache-dir "$DIR/kubectl-cache" "$@"; }
 containerd_ok() { "${CTR[@]}" version >/dev/null 2>&1; }
 node_ready() { [[ $(kc get node "$NAME" -o 'jsonpath={.status.conditions[?(@.type=="Ready")].status}' 2>/dev/null) == True ]]; }
 # dns_ok: CoreDNS listens on NODEIP:53 (it binds once the kubernetes plugin has synced).
@@ -544,6 +545,8 @@ stop_all() {
 #   /var/lib/cni/results/NET-ID-IF  libcni's cache of a sandbox's network (left when a sandbox was
 #                                   killed without its CNI DEL, as stop does)
 #   /run/containerd/s/HASH          shims' sockets (their shims remove them; empty directories stay)
+#   /run/mount                      libmount's runtime directory, made by the first mount(8) on a
+#                                   machine (the kubelet's bind mounts)
 host_paths_clean() {
 	local l d id
 	for l in /var/log/containers/*.log; do
@@ -555,6 +558,13 @@ host_paths_clean() {
 		rm -f /var/lib/cni/results/*-"$id"-*
 	done
 	if ! other_node; then
+		# libmount's runtime directory: the first mount(8) on a machine makes it (the kubelet's
+		# bind mounts do). Removed when it was not there before the first start and holds no
+		# mount options of anyone's (an empty utab).
+		if [[ $(cat "$DIR/run-mount.before" 2>/dev/null) == no && -d /run/mount && ! -s /run/mount/utab ]]; then
+			rm -f /run/mount/utab /run/mount/utab.lock /run/mount/utab.act
+			rmdir /run/mount 2>/dev/null || say "warning: /run/mount holds more than libmount's empty utab; left"
+		fi
 		rm -f /var/lib/kubelet/device-plugins/kubelet.sock
 		rmdir /var/lib/kubelet/device-plugins /var/lib/kubelet /var/log/containers 2>/dev/null || true
 		rmdir /var/lib/cni/results /var/lib/cni 2>/dev/null || true

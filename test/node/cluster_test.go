@@ -185,7 +185,7 @@ func (c *cluster) kubectl(t testing.TB, in string, args ...string) string {
 func (c *cluster) kubectlErr(in string, args ...string) (string, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, filepath.Join(c.node.Bin(), "kubectl"), append([]string{"--kubeconfig", c.cp.Kubeconfig()}, args...)...)
+	cmd := exec.CommandContext(ctx, filepath.Join(c.node.Bin(), "kubectl"), append([]string{"--kubeconfig", c.cp.Kubeconfig(), "--cache-dir", filepath.Join(c.work, "kubectl-cache")}, args...)...)
 	cmd.Stdin = strings.NewReader(in)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
@@ -413,7 +413,8 @@ func (g *grantPod) agent(t testing.TB) *client.Client {
 	return cl
 }
 
-// stateDir is the Pod's state emptyDir on the host.
+// stateDir is the Pod's state emptyDir on the host; fiberd's -state is its
+// state/ directory, the grants directory its grants/.
 func (c *cluster) stateDir(uid string) string {
 	return filepath.Join(c.node.Dir(), "kubelet", "pods", uid, "volumes", "kubernetes.io~empty-dir", "state")
 }

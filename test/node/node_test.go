@@ -459,7 +459,7 @@ func TestRestart(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	epochFile := filepath.Join(c.stateDir(g.uid), "private", "epoch")
+	epochFile := filepath.Join(c.stateDir(g.uid), "state", "private", "epoch")
 	before := readEpochFile(t, epochFile)
 	oldRun := podProcs(t, g.hostPID)
 
