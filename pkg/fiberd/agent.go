@@ -16,7 +16,6 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
-	"golang.org/x/time/rate"
 
 	"fiberd.io/fiberd/pkg/backend"
 	"fiberd.io/fiberd/pkg/cgroup"
@@ -43,7 +42,6 @@ type Agent struct {
 	templates template.Dir
 	epoch     *core.EpochStore
 	ledger    *core.Ledger
-	limiter   *rate.Limiter
 	limits    cgroupLimits        // what the cgroup root lets the agent enforce
 	ports     *endpoint.Allocator // nil for the unix family
 	tree      *cgroup.Tree        // nil without a cgroup root
@@ -169,7 +167,6 @@ func New(ctx context.Context, cfg Config) (a *Agent, err error) {
 		log:          cfg.Logger,
 		home:         cfg.Home,
 		templates:    template.Dir(cfg.Templates),
-		limiter:      rate.NewLimiter(rate.Limit(cfg.ThrashRate), cfg.ThrashBurst),
 		readPressure: cgroupPressure,
 		measure:      privateDirty,
 		stopping:     make(chan struct{}),
@@ -348,16 +345,15 @@ func (a *Agent) bind(ctx context.Context, private string) error {
 		if err != nil {
 			return fmt.Errorf("fiberd: -listen %s: %w", a.cfg.Listen, err)
 		}
-		ln = limitConns(ln, a.cfg.Limits.MaxConns) // beneath TLS: net/http must see *tls.Conn
 		a.apiTCP = ln
+		var tc *tls.Config
 		if a.cfg.TLSCert != "" {
-			tc, err := serverTLS(a.cfg)
-			if err != nil {
+			if tc, err = serverTLS(a.cfg); err != nil {
 				return err
 			}
-			a.apiTCP = tls.NewListener(ln, tc)
 			a.tcpAuth = true
 		}
+		a.apiTCP = a.tcpListener(ln, tc) // listeners.go: each kind's shares; net/http sees *tls.Conn
 	}
 	return nil
 }

@@ -409,6 +409,9 @@ func TestTLS(t *testing.T) {
 			}
 			resp.Body.Close()
 		}
+		if name == "plaintext" && (err != nil || resp.StatusCode != http.StatusBadRequest) {
+			t.Errorf("plain HTTP to the TLS listener: %v, want a 400 saying so", err)
+		}
 	}
 }
 

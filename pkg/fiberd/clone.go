@@ -23,7 +23,10 @@ import (
 // pressure (pressureShed), the template's warmth, then under the session's
 // gate attach to a running session or reserve a slot, bind the fiber's
 // listener, carve its leaf, fork it under the deadline and commit. authed
-// says whether the caller is authenticated, which self-admission needs. A
+// says whether the caller is authenticated, which self-admission needs;
+// who is the connection's caller, whose thrash budget a Clone without a
+// token that verifies spends (one with such a token spends its grant's:
+// callers.go), be the grant it names admitted or not. A
 // Clone refused before the fork mints no fence. The answer carries the
 // fiber's release key (keyFence: its session's, for a fiber with one).
 //
@@ -38,7 +41,7 @@ import (
 // core.ErrTierGap (412), a *core.Miss (429 SHED / 503 DEFERRED_FALLBACK),
 // anything else a runtime fault (500). The deadline passing is a miss,
 // whatever the Clone was waiting for.
-func (a *apiServer) clone(ctx context.Context, req api.CloneRequest, authed bool) (api.CloneResponse, string, error) {
+func (a *apiServer) clone(ctx context.Context, req api.CloneRequest, authed bool, who caller) (api.CloneResponse, string, error) {
 	if req.Grant == "" && req.GrantUID == "" {
 		return api.CloneResponse{}, "", fmt.Errorf("clone names no grant: set grant (a token) or grantUID: %w", core.ErrInvalid)
 	}
@@ -94,9 +97,15 @@ func (a *apiServer) clone(ctx context.Context, req api.CloneRequest, authed bool
 	}
 
 	// The thrash budget and pressure are always SHED (ARCHITECTURE 4.3),
-	// whatever the lane's health.
-	if !a.limiter.AllowN(a.cfg.Clock.Now(), 1) {
-		return api.CloneResponse{}, "", core.Shed("thrash budget exhausted: too many Clones per second on this home", a.cfg.Issuer, a.cfg.RetryAfter)
+	// whatever the lane's health. The budget is the caller's own: the
+	// grant's when a token of it verified, else the connection's, charged
+	// before the grant is looked up so that naming one that does not
+	// exist costs the caller who named it, and no one else.
+	if len(token) > 0 {
+		who = caller{kind: callerGrant, id: uid}
+	}
+	if !a.budgets.allow(who, a.cfg.Clock.Now()) {
+		return api.CloneResponse{}, "", a.errSpent(who)
 	}
 	var v slotView
 	s := a.slotOf(uid)

@@ -157,10 +157,11 @@ func TestCloneOutcomes(t *testing.T) {
 		}})},
 			func(e *env) any { return api.CloneRequest{Grant: e.mint("g1")} }, 500, api.CodeInternal},
 		{"thrash budget", []envOption{withConfig(func(c *Config) { c.ThrashRate, c.ThrashBurst = 0.001, 1 })}, func(e *env) any {
-			if r := e.cloneReq(e.unix, api.CloneRequest{Grant: e.mint("g1")}); r.status != 200 {
+			tok := e.mint("g1")
+			if r := e.cloneReq(e.unix, api.CloneRequest{Grant: tok}); r.status != 200 {
 				e.t.Fatalf("first clone: %d %s", r.status, r.body)
 			}
-			return api.CloneRequest{GrantUID: "g1"}
+			return api.CloneRequest{Grant: tok} // the grant's budget, spent
 		}, 429, string(core.CodeShed)},
 	}
 	for _, o := range others {

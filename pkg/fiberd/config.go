@@ -26,11 +26,11 @@ const (
 	// DefaultListen is the TCP address of the API cmd/fiberd listens on
 	// unless -listen says otherwise.
 	DefaultListen = "127.0.0.1:8484"
-	// DefaultThrashRate is how many Clones per second the thrash budget
-	// admits in the long run.
+	// DefaultThrashRate is how many Clones per second each caller's
+	// thrash budget admits in the long run.
 	DefaultThrashRate = 200
-	// DefaultThrashBurst is how many Clones the thrash budget admits at
-	// once.
+	// DefaultThrashBurst is how many Clones each caller's thrash budget
+	// admits at once.
 	DefaultThrashBurst = 200
 	// DefaultFiberPidsMax is each fiber leaf's pids.max unless
 	// -fiber-pids-max says otherwise: room for a build's parallel jobs and
@@ -157,11 +157,19 @@ type Config struct {
 	// (-port-range). Default DefaultPortRange.
 	PortRange endpoint.PortRange
 
-	// ThrashRate is the Clones per second the thrash budget admits in the
-	// long run; a Clone over the budget is SHED. Default DefaultThrashRate.
+	// ThrashRate is the Clones per second a caller's thrash budget admits
+	// in the long run; a Clone over its caller's budget is SHED. Each
+	// caller has a budget of its own, ThrashRate and ThrashBurst each (the
+	// one budget of the whole node before): a Clone carrying a token that
+	// verifies spends its grant's; any other, its connection's: the unix
+	// socket peer's uid, the TLS client certificate, or the plaintext
+	// listener's remote address (an IPv6 one by its /64). So a Clone
+	// naming a grant that does not exist costs its caller only. The agent
+	// remembers the budgets of the 4096 callers that cloned most recently;
+	// one forgotten comes back to a full budget. Default DefaultThrashRate.
 	ThrashRate float64
-	// ThrashBurst is the Clones the thrash budget admits at once. Default
-	// DefaultThrashBurst.
+	// ThrashBurst is the Clones a caller's thrash budget admits at once.
+	// Default DefaultThrashBurst.
 	ThrashBurst int
 	// PressureThreshold is the memory pressure, in percent (0 to 100), above
 	// which a Clone of a grant is SHED whatever the lane's health: the
@@ -209,8 +217,9 @@ type Config struct {
 	Registry *prometheus.Registry
 
 	// Limits bound what one client may cost the API and admin listeners:
-	// timeouts and a cap on open connections. Each zero field takes its
-	// default (see Limits).
+	// timeouts, a cap on open connections, the shares of that cap of
+	// connections that have not authenticated, and each caller's watch
+	// streams. Each zero field takes its default (see Limits).
 	Limits Limits
 
 	// Park configures parking fibers (the CHECKPOINT tier, which the Warm

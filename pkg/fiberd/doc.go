@@ -32,8 +32,8 @@
 // for the slot's reconcile, within the Clone's deadline; when the deadline
 // passes first the Clone is a capacity miss, never a fault.
 //
-// A fiber goes created -> running -> released | exited. Clone checks the
-// thrash budget, the memory pressure of the grant's cgroup (PSI "some
+// A fiber goes created -> running -> released | exited. Clone checks its
+// caller's thrash budget, the memory pressure of the grant's cgroup (PSI "some
 // avg10" of memory.pressure above Config.PressureThreshold, read at most
 // once a second per grant) and that the template is warm, then takes the
 // session's gate (a running session is attached, not created twice),
@@ -124,6 +124,23 @@
 // idle keep-alive; the watch stream is exempt but for each line's write and
 // sends an empty line every WatchKeepAlive) and a cap on open connections,
 // past which connections wait in the kernel's accept queue (limits.go).
+// Connections that have not authenticated have their own bounded share
+// and never hold the slots of those that have (listeners.go): the TLS
+// listener does each handshake itself, within HeaderTimeout, in a pool of
+// MaxHandshakes of its own (a full pool closes its oldest handshake for a
+// new connection), and hands net/http only handshaken connections, at most
+// MaxConns; the plaintext listener holds at most MaxConnsPerIP connections
+// of one remote address, answering more 429 SHED.
+//
+// No caller can spend another's budget (callers.go). A caller is the
+// grant of a Clone's token that verifies, else its connection's: the unix
+// socket peer's uid (SO_PEERCRED, read once per connection), the TLS
+// client certificate (its SHA-256), the plaintext listener's remote
+// address (an IPv6 one by its /64). Each has a thrash budget of its own
+// (ThrashRate, ThrashBurst), charged before the grant is looked up, so a
+// Clone naming a grant that does not exist costs its caller only; the
+// budgets of the 4096 callers that cloned last are remembered. Each holds
+// at most Limits.MaxWatches watch streams; one more is 429 SHED.
 //
 // The admin socket StateDir/private/admin.sock serves GET /healthz. A build
 // with the testhooks tag (TestHooks) adds POST /issuer {"reachable":bool}

@@ -22,7 +22,7 @@ import (
 // listener and the unix socket alike. Run calls it once: it draws the
 // secret of the fibers' release keys.
 func (a *Agent) apiHandler() http.Handler {
-	s := &apiServer{Agent: a, keys: newReleaseKeys()}
+	s := &apiServer{Agent: a, keys: newReleaseKeys(), budgets: newBudgets(a.cfg.ThrashRate, a.cfg.ThrashBurst, maxBudgets)}
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/clone", s.handleClone)
 	mux.HandleFunc("POST /v1/release", s.handleRelease)
@@ -34,11 +34,14 @@ func (a *Agent) apiHandler() http.Handler {
 	return mux
 }
 
-// apiServer is the API's handlers: the agent, and the release keys its
-// Clones hand out and its releases check (guard.go).
+// apiServer is the API's handlers: the agent, the release keys its
+// Clones hand out and its releases check (guard.go), and each caller's
+// thrash budget and watch streams (callers.go).
 type apiServer struct {
 	*Agent
-	keys *releaseKeys
+	keys    *releaseKeys
+	budgets *budgets
+	watches watchers
 }
 
 func (a *apiServer) handleClone(w http.ResponseWriter, r *http.Request) {
@@ -57,7 +60,7 @@ func (a *apiServer) handleClone(w http.ResponseWriter, r *http.Request) {
 		a.writeError(w, err)
 		return
 	}
-	resp, k, err := a.clone(r.Context(), req, authenticated(r))
+	resp, k, err := a.clone(r.Context(), req, authenticated(r), callerOf(r))
 	if err != nil {
 		outcome = a.writeError(w, err)
 		if m, ok := core.IsMiss(err); ok {
@@ -162,9 +165,18 @@ func (a *apiServer) statusFor(r *http.Request) api.Status {
 // and one per change, until the client goes away or the agent stops. With
 // nothing new for Limits.WatchKeepAlive it writes an empty line. Each line
 // must be written within Limits.WriteTimeout; the stream itself has no
-// deadline.
+// deadline. A caller (callers.go) holds at most Limits.MaxWatches streams
+// open: one more is SHED.
 func (a *apiServer) handleWatch(w http.ResponseWriter, r *http.Request) {
 	lim := a.cfg.Limits
+	who := callerOf(r)
+	done, ok := a.watches.add(who, lim.MaxWatches)
+	if !ok {
+		a.log.V(1).Info("Watch refused", "caller", who.String(), "max", lim.MaxWatches)
+		a.writeError(w, a.errTooManyWatches(who, lim.MaxWatches))
+		return
+	}
+	defer done()
 	rc := http.NewResponseController(w)
 	// No body to wait for; the stream stays open as long as both sides do.
 	_ = rc.SetReadDeadline(time.Time{})

@@ -27,6 +27,12 @@ const (
 	DefaultWatchKeepAlive = 30 * time.Second
 	// DefaultMaxConns caps the open connections of each listener.
 	DefaultMaxConns = 256
+	// DefaultMaxHandshakes caps the connections of the TLS listener that
+	// have not finished their handshake.
+	DefaultMaxHandshakes = 64
+	// DefaultMaxWatches caps the /v1/watch streams each caller may hold
+	// open at once.
+	DefaultMaxWatches = 16
 )
 
 // Limits bound what one client may cost the agent: every listener (the
@@ -64,8 +70,32 @@ type Limits struct {
 	// MaxConns caps the connections open at once on each listener. Past
 	// it the listener accepts no more until one closes: further
 	// connections wait in the kernel's accept queue and cost the agent no
-	// descriptor. Default DefaultMaxConns (256).
+	// descriptor. On the TLS listener it caps the handshaken connections
+	// only (those whose client certificate verified): connections still
+	// in their handshake have a pool of their own, MaxHandshakes. Default
+	// DefaultMaxConns (256).
 	MaxConns int
+	// MaxHandshakes caps the connections of the TLS listener that have
+	// not finished their handshake, apart from MaxConns: a connection
+	// that sends nothing, or no client certificate, never holds a slot of
+	// the authenticated ones. Each handshake must finish within
+	// HeaderTimeout. When the pool is full a new connection closes the
+	// oldest one still in its handshake, so connections that never finish
+	// one cannot keep a client that does from reaching the listener.
+	// Default DefaultMaxHandshakes (64).
+	MaxHandshakes int
+	// MaxConnsPerIP caps the connections open at once from one remote
+	// address on the plaintext TCP listener, which authenticates no one
+	// (an IPv6 address counts by its /64). A connection past it is
+	// answered 429 SHED and closed at once, so one source cannot hold all
+	// MaxConns. Default a quarter of MaxConns, at least 1 (64 with the
+	// default MaxConns).
+	MaxConnsPerIP int
+	// MaxWatches caps the /v1/watch streams open at once of each caller:
+	// the peer uid on the unix socket, the client certificate on the TLS
+	// listener, the remote address on the plaintext one (callers.go). A
+	// watch past it is answered 429 SHED. Default DefaultMaxWatches (16).
+	MaxWatches int
 }
 
 // withDefaults returns l with its zero fields defaulted.
@@ -88,6 +118,15 @@ func (l Limits) withDefaults() Limits {
 	if l.MaxConns == 0 {
 		l.MaxConns = DefaultMaxConns
 	}
+	if l.MaxHandshakes == 0 {
+		l.MaxHandshakes = DefaultMaxHandshakes
+	}
+	if l.MaxConnsPerIP == 0 {
+		l.MaxConnsPerIP = max(1, l.MaxConns/4)
+	}
+	if l.MaxWatches == 0 {
+		l.MaxWatches = DefaultMaxWatches
+	}
 	return l
 }
 
@@ -104,8 +143,17 @@ func (l Limits) validate() error {
 			return fmt.Errorf("Limits.%s %v is negative: use 0 for the default", d.name, d.v)
 		}
 	}
-	if l.MaxConns < 0 {
-		return fmt.Errorf("Limits.MaxConns %d is negative: use 0 for the default %d", l.MaxConns, DefaultMaxConns)
+	for _, n := range []struct {
+		name string
+		v    int
+		def  string
+	}{
+		{"MaxConns", l.MaxConns, fmt.Sprint(DefaultMaxConns)}, {"MaxHandshakes", l.MaxHandshakes, fmt.Sprint(DefaultMaxHandshakes)},
+		{"MaxConnsPerIP", l.MaxConnsPerIP, "of a quarter of MaxConns"}, {"MaxWatches", l.MaxWatches, fmt.Sprint(DefaultMaxWatches)},
+	} {
+		if n.v < 0 {
+			return fmt.Errorf("Limits.%s %d is negative: use 0 for the default %s", n.name, n.v, n.def)
+		}
 	}
 	return nil
 }
@@ -113,8 +161,9 @@ func (l Limits) validate() error {
 // server builds the http.Server of listener ln serving h: h wrapped in the
 // browser guard of ln's kind (guard) and in the per-route deadlines
 // (deadlines), the header and idle timeouts of Config.Limits, and
-// authenticated recorded in every request's context (authKey). Run's serve
-// calls it once per listener.
+// authenticated and the connection's caller (connCaller, read once per
+// connection) recorded in every request's context (authKey, callerKey).
+// Run's serve calls it once per listener.
 func (a *Agent) server(ln net.Listener, h http.Handler, authenticated bool) *http.Server {
 	lim := a.cfg.Limits
 	return &http.Server{
@@ -122,8 +171,9 @@ func (a *Agent) server(ln net.Listener, h http.Handler, authenticated bool) *htt
 		ReadHeaderTimeout: lim.HeaderTimeout,
 		IdleTimeout:       lim.IdleTimeout,
 		ErrorLog:          log.New(logWriter{a.log}, "", 0),
-		ConnContext: func(c context.Context, _ net.Conn) context.Context {
-			return context.WithValue(c, authKey{}, authenticated)
+		ConnContext: func(c context.Context, nc net.Conn) context.Context {
+			c = context.WithValue(c, authKey{}, authenticated)
+			return context.WithValue(c, callerKey{}, connCaller(nc))
 		},
 	}
 }
@@ -214,7 +264,15 @@ func (c *limitedConn) Close() error {
 // CloseWrite half-closes the connection when the accepted one can (TCP,
 // unix), so net/http can still end a refused upload gracefully.
 func (c *limitedConn) CloseWrite() error {
-	if cw, ok := c.Conn.(interface{ CloseWrite() error }); ok {
+	return closeWrite(c.Conn)
+}
+
+// NetConn is the connection accepted, for connCaller.
+func (c *limitedConn) NetConn() net.Conn { return c.Conn }
+
+// closeWrite half-closes c when it can.
+func closeWrite(c net.Conn) error {
+	if cw, ok := c.(interface{ CloseWrite() error }); ok {
 		return cw.CloseWrite()
 	}
 	return nil

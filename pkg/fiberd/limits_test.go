@@ -137,10 +137,12 @@ func openFDs(t *testing.T) int {
 // accept queue), each for at most HeaderTimeout; once they are gone the
 // agent's descriptors are back where they were and it serves again. The
 // agent runs in this process, so its descriptors are this process's minus
-// the test's own 1,000.
+// the test's own 1,000. MaxConnsPerIP is MaxConns here, so that the
+// connections, all from 127.0.0.1, meet the listener's cap
+// (TestPlaintextConnectionsPerAddress has the address's).
 func TestThousandIdleConnections(t *testing.T) {
 	const conns, maxConns, slack = 1000, 50, 10
-	e := newEnv(t, withLimits(Limits{MaxConns: maxConns, HeaderTimeout: 2 * time.Second}))
+	e := newEnv(t, withLimits(Limits{MaxConns: maxConns, MaxConnsPerIP: maxConns, HeaderTimeout: 2 * time.Second}))
 	if r := e.do(e.tcp, http.MethodGet, "/healthz", nil); r.status != 200 {
 		t.Fatalf("healthz: %d", r.status)
 	}
