@@ -72,8 +72,10 @@ kube_cache=${FIBERD_KUBE_CACHE:-$HOME/.cache/fiberd/kube}
 criu_cache=${FIBERD_CRIU_CACHE:-$HOME/.cache/fiberd/criu}
 remove "$kube_cache" "$criu_cache" "$HOME/.cache/fiberd" /var/cache/fiberd /dev/shm/fiberd-criu \
 	/var/lib/fiberd /run/fiberd
-# kubectl's discovery cache, which suites of older checkouts filled with every test cluster's port.
+# kubectl's discovery cache, which suites of older checkouts filled with every test cluster's port,
+# and ~/.kube itself when that was all it held.
 remove "$HOME/.kube/cache"
+if ((!DRY)) && [[ -d $HOME/.kube ]]; then rmdir "$HOME/.kube" 2>/dev/null || true; fi
 
 # The places a kubelet, containerd, runc, libcni and the flexvolume prober use by default.
 remove /var/lib/kubelet /var/lib/containerd /run/containerd /run/runc /var/lib/cni /etc/cni /opt/cni \
@@ -129,6 +131,7 @@ if ((GO_CACHES)); then
 	else
 		say "emptying $(go env GOCACHE) and $(go env GOMODCACHE)"
 		go clean -cache -fuzzcache -modcache
+		remove "$(go env GOPATH)/pkg/sumdb" # the checksum database's cache, beside the modules
 	fi
 fi
 ((DRY)) || say "done: this machine now looks new to .ci/run"
