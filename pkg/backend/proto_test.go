@@ -120,9 +120,12 @@ func TestZygoteEnv(t *testing.T) {
 }
 
 // FuzzParseMessage: a zygote's messages are the template's code talking;
-// parsing must never panic and anything accepted must name a valid fence.
+// parsing must never panic, and anything accepted must name a valid fence
+// or, where the protocol allows one (ERROR, EXITED, SPARED), a spare:
+// CLONED names a fence, SPARED a spare, and their pids are above 1.
 func FuzzParseMessage(f *testing.F) {
-	for _, s := range []string{"READY", "CLONED g/1/2 42", "ERROR g/1/2 why", "EXITED g/1/2 exit:0", "EXITED g/1/2 signal:SIGKILL", "CLONED  ", "EXITED a/b/c exit:-1"} {
+	for _, s := range []string{"READY", "READY spares", "CLONED g/1/2 42", "ERROR g/1/2 why", "EXITED g/1/2 exit:0", "EXITED g/1/2 signal:SIGKILL",
+		"CLONED  ", "EXITED a/b/c exit:-1", "SPARED s3 42", "ERROR s0 why", "EXITED s12 exit:0", "CLONED s1 42", "SPARED g/1/2 42"} {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, b []byte) {
@@ -130,11 +133,20 @@ func FuzzParseMessage(f *testing.F) {
 		if err != nil || m.kind == msgReady {
 			return
 		}
-		if _, err := core.ParseFence(m.fence); err != nil {
-			t.Fatalf("accepted %q with bad fence %q", b, m.fence)
+		switch {
+		case m.spare != isSpareName(m.fence):
+			t.Fatalf("accepted %q: spare %v for %q", b, m.spare, m.fence)
+		case m.spare && m.kind == msgCloned:
+			t.Fatalf("accepted %q: CLONED naming a spare", b)
+		case !m.spare && m.kind == msgSpared:
+			t.Fatalf("accepted %q: SPARED naming no spare", b)
+		case !m.spare:
+			if _, err := core.ParseFence(m.fence); err != nil {
+				t.Fatalf("accepted %q with bad fence %q", b, m.fence)
+			}
 		}
-		if m.kind == msgCloned && m.pid <= 1 {
-			t.Fatalf("accepted pid %d", m.pid)
+		if (m.kind == msgCloned || m.kind == msgSpared) && m.pid <= 1 {
+			t.Fatalf("accepted %q with pid %d", b, m.pid)
 		}
 	})
 }
