@@ -12,6 +12,8 @@ import (
 	"strings"
 	"time"
 
+	"k8s.io/apimachinery/pkg/api/resource"
+
 	"fiberd.io/fiberd/pkg/backend"
 	"fiberd.io/fiberd/pkg/endpoint"
 	"fiberd.io/fiberd/pkg/fiberd"
@@ -57,6 +59,7 @@ type options struct {
 	thrashBurst           int
 	pressureThreshold     float64
 	isolation             backend.Isolation
+	scratchSize           int64 // bytes; 0: backend.DefaultScratchSize
 	minIsolation          backend.Isolation
 	fiberPidsMax          int64
 	grantCPUWeight        int
@@ -131,6 +134,7 @@ func parseFlags(args []string, env environ, usage io.Writer) (options, error) {
 	isolation := fs.String("isolation", "", "how far grants and fibers are kept apart: none, grant (a user and namespaces per grant) or fiber (also a PID namespace and /tmp per fiber); default fiber, none under -home kubernetes; the host may allow less, which fiberd logs once at start")
 	fs.Int64Var(&o.fiberPidsMax, "fiber-pids-max", 0, fmt.Sprintf("each fiber's pids.max, where the cgroup root has the pids controller: the processes and threads one fiber may run (0: %d; -1: none)", fiberd.DefaultFiberPidsMax))
 	fs.IntVar(&o.grantCPUWeight, "grant-cpu-weight", 0, fmt.Sprintf("each grant's cpu.weight, 1 to 10000, where the cgroup root has the cpu controller: grants share the CPU in proportion (0: %d)", fiberd.DefaultGrantCPUWeight))
+	scratchSize := fs.String("scratch-size", "", fmt.Sprintf("the size of each tmpfs an isolated fiber gets on /tmp, /var/tmp and /dev/shm when its grant has no wBudget, as a quantity such as 64Mi (a grant with a wBudget gets that size; default %dMi)", backend.DefaultScratchSize>>20))
 	minIsolation := fs.String("min-isolation", string(backend.IsolationNone), "refuse grants (TIER_GAP) that would get less isolation than this on this host: none, grant or fiber")
 	fs.DurationVar(&o.staleTTL, "stale-ttl", standalone.DefaultStaleTTL, "how long the control plane may be silent before misses turn from DEFERRED_FALLBACK to SHED (0: the home's default)")
 	fs.Float64Var(&o.thrashRate, "thrash-rate", fiberd.DefaultThrashRate, "Clones per second admitted in the long run to each caller (a grant by its token, a unix socket peer uid, a TLS client certificate, a plaintext remote address); more are SHED (0: the default)")
@@ -195,6 +199,13 @@ func parseFlags(args []string, env environ, usage io.Writer) (options, error) {
 	}
 	if o.isolation, err = parseIsolation(*isolation, o.home); err != nil {
 		return o, bad("isolation", "%v", err)
+	}
+	if *scratchSize != "" {
+		q, err := resource.ParseQuantity(*scratchSize)
+		if err != nil || q.Sign() <= 0 {
+			return o, bad("scratch-size", "%q is not a positive size: give bytes or a quantity such as 64Mi", *scratchSize)
+		}
+		o.scratchSize = q.Value()
 	}
 	if o.minIsolation, err = backend.ParseIsolation(*minIsolation); err != nil {
 		return o, bad("min-isolation", "%v", err)

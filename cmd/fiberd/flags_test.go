@@ -192,6 +192,14 @@ func TestParseFlagsModes(t *testing.T) {
 			},
 		},
 		{
+			name: "scratch size", args: append(standaloneArgs, "-scratch-size", "64Mi"), env: testEnv,
+			check: func(t *testing.T, o options) {
+				if o.scratchSize != 64<<20 {
+					t.Errorf("scratch size %d, want %d", o.scratchSize, 64<<20)
+				}
+			},
+		},
+		{
 			name: "isolation off", args: append(standaloneArgs, "-isolation", "none"), env: testEnv,
 			check: func(t *testing.T, o options) {
 				if o.isolation != backend.IsolationNone {
@@ -273,6 +281,8 @@ func TestParseFlagsRefusals(t *testing.T) {
 		{"bad home", sa("-home", "nomad"), testEnv, "-home"},
 		{"bad isolation", sa("-isolation", "full"), testEnv, "-isolation"},
 		{"relative criu", sa("-criu", "criu"), testEnv, "-criu"},
+		{"zero scratch size", sa("-scratch-size", "0"), testEnv, "-scratch-size"},
+		{"bad scratch size", sa("-scratch-size", "lots"), testEnv, "-scratch-size"},
 		{"negative park max images", sa("-park-max-images", "-1"), testEnv, "-park-max-images"},
 		{"negative park max bytes", sa("-park-max-bytes", "-1"), testEnv, "-park-max-bytes"},
 		{"negative park idle after", sa("-park-idle-after", "-1s"), testEnv, "-park-idle-after"},

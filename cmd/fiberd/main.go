@@ -200,12 +200,12 @@ func build(ctx context.Context, o options, log logr.Logger) (*fiberd.Agent, erro
 		h.Close()
 		return nil, err
 	}
-	warm, err := backend.NewProc(backend.Config{Logger: log.WithName("proc"), Isolation: o.isolation, IDs: ids, CRIU: o.criu})
+	warm, err := backend.NewProc(backend.Config{Logger: log.WithName("proc"), Isolation: o.isolation, IDs: ids, CRIU: o.criu, ScratchSize: o.scratchSize})
 	if err != nil {
 		h.Close()
 		return nil, fmt.Errorf("proc backend: %w", err)
 	}
-	basic, err := backend.NewExec(backend.Config{Logger: log.WithName("exec"), Isolation: o.isolation, IDs: ids})
+	basic, err := backend.NewExec(backend.Config{Logger: log.WithName("exec"), Isolation: o.isolation, IDs: ids, ScratchSize: o.scratchSize})
 	if err != nil {
 		warm.Close()
 		h.Close()

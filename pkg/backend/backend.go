@@ -317,7 +317,17 @@ type Config struct {
 	// a grant of one and a grant of the other may run as the same user.
 	// Unused without isolation.
 	IDs *IDPool
+	// ScratchSize is the size, in bytes, of each tmpfs an isolated grant
+	// or fiber gets on its scratch directories (/tmp, /var/tmp and
+	// /dev/shm) when its grant has no wBudget; a grant with one gets that
+	// size instead (see Grant.WBudget). Writing files there cannot take
+	// more of the host's memory than that per directory. Default
+	// DefaultScratchSize. Unused without isolation.
+	ScratchSize int64
 }
+
+// DefaultScratchSize is Config.ScratchSize's default: 256 MiB.
+const DefaultScratchSize int64 = 256 << 20
 
 // DefaultPath is Config.Path's default.
 const DefaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -335,6 +345,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("backend: Config.CRIU %q is not absolute: give the full path of the criu binary, or leave it empty for no checkpoints", c.CRIU)
 	case c.Shell != "" && !filepath.IsAbs(c.Shell):
 		return fmt.Errorf("backend: Config.Shell %q is not absolute: give the full path of a POSIX sh", c.Shell)
+	case c.ScratchSize < 0:
+		return fmt.Errorf("backend: Config.ScratchSize %d is negative: leave it 0 for %d MiB or give a size in bytes", c.ScratchSize, DefaultScratchSize>>20)
 	case c.Isolation.rank() < 0:
 		return fmt.Errorf("backend: Config.Isolation %q: want %q, %q or %q", string(c.Isolation), IsolationNone, IsolationGrant, IsolationFiber)
 	}
@@ -367,7 +379,19 @@ func (c Config) withDefaults() Config {
 	if c.Isolation == "" {
 		c.Isolation = IsolationNone
 	}
+	if c.ScratchSize == 0 {
+		c.ScratchSize = DefaultScratchSize
+	}
 	return c
+}
+
+// scratchSize is the size of each scratch tmpfs of an isolated grant g:
+// its wBudget, or ScratchSize when it has none.
+func (c Config) scratchSize(g core.Grant) int64 {
+	if g.WBudget > 0 {
+		return g.WBudget
+	}
+	return c.ScratchSize
 }
 
 // checkWarm validates the parts of a WarmRequest every backend needs.

@@ -68,6 +68,7 @@ type execGrant struct {
 	command *os.File
 	home    *os.File
 	cgroup  string // the grant's cgroup, shown to its fibers
+	scratch int64  // the size of each of a fiber's scratch tmpfs mounts
 
 	inflight sync.WaitGroup // Clones between their check and their registration
 
@@ -148,7 +149,7 @@ func (e *Exec) Warm(ctx context.Context, req WarmRequest) error {
 	}
 	g := &execGrant{
 		uid: uid, spec: req.Spec, path: path,
-		env: append(fiberdEnv(e.cfg.Path, req), isolationEnv(level)), dir: workdir(req.Spec, req.RunDir), out: lp, recs: req.Records,
+		env: append(fiberdEnv(e.cfg.Path, req), isolationEnv(level, e.cfg.scratchSize(req.Grant))...), scratch: e.cfg.scratchSize(req.Grant), dir: workdir(req.Spec, req.RunDir), out: lp, recs: req.Records,
 		level:  level,
 		cgroup: req.Cgroup,
 		fibers: map[string]*fiber{}, starting: map[string]bool{},
@@ -308,7 +309,7 @@ func (e *Exec) startIsolated(ctx context.Context, g *execGrant, req CloneRequest
 	network := g.spec.Network == template.NetworkNone
 	st, err := e.iso.prepare(isoStart{
 		id: g.id, network: network,
-		cfg: nsinitConfig{Hostname: hostname(g.uid), Loopback: network, Workdir: g.spec.Workdir, ListenPID: true},
+		cfg: nsinitConfig{Hostname: hostname(g.uid), Loopback: network, Workdir: g.spec.Workdir, ListenPID: true, ScratchSize: g.scratch},
 		fd3: req.Listener, command: g.command, home: g.home,
 		argv: append([]string{g.spec.Command}, g.spec.Args...), env: env, out: g.out.w, cgroupFD: cgroupFD,
 	})

@@ -58,6 +58,9 @@ type nsinitConfig struct {
 	// ListenPID sets LISTEN_PID to nsinit's own pid, which the template
 	// keeps across the exec (an exec fiber).
 	ListenPID bool `json:"listenPID,omitempty"`
+	// ScratchSize is the size in bytes of each tmpfs mounted on a scratch
+	// directory; 0 leaves the kernel's default (half the host's memory).
+	ScratchSize int64 `json:"scratchSize,omitempty"`
 	// Probe is "grant" for the probe a backend runs at creation, "fiber"
 	// for the child that probe starts; "" starts a template.
 	Probe string `json:"probe,omitempty"`
@@ -175,15 +178,16 @@ func report(msg string) {
 
 // nsinitSetup does, inside the new namespaces, what needs a process there:
 // a /proc of the new PID namespace over the hidepid one of the isolation
-// mount namespace (see buildIsolationMounts), a fresh tmpfs on /tmp,
-// /var/tmp and /dev/shm (each over the empty read-only one there), the
+// mount namespace (see buildIsolationMounts), a fresh tmpfs of
+// cfg.ScratchSize on /tmp, /var/tmp and /dev/shm (each over the empty
+// read-only one there), the
 // message queues of the new IPC namespace on /dev/mqueue, the host name,
 // and loopback.
 func nsinitSetup(cfg nsinitConfig) error {
 	if err := unix.Mount("proc", "/proc", "proc", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
 		return fmt.Errorf("mount /proc: %w", err)
 	}
-	if err := mountScratch(); err != nil {
+	if err := mountScratch(cfg.ScratchSize); err != nil {
 		return err
 	}
 	if st, err := os.Stat("/dev/mqueue"); err == nil && st.IsDir() {
@@ -204,12 +208,18 @@ func nsinitSetup(cfg nsinitConfig) error {
 	return nil
 }
 
-func mountScratch() error {
+// mountScratch mounts a tmpfs of size bytes (0: the kernel's default) on
+// each scratch directory there is.
+func mountScratch(size int64) error {
+	opts := "mode=1777"
+	if size > 0 {
+		opts += ",size=" + strconv.FormatInt(size, 10)
+	}
 	for _, d := range scratchDirs {
 		if st, err := os.Stat(d); err != nil || !st.IsDir() {
 			continue
 		}
-		if err := unix.Mount("tmpfs", d, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "mode=1777"); err != nil {
+		if err := unix.Mount("tmpfs", d, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, opts); err != nil {
 			return fmt.Errorf("mount tmpfs on %s: %w", d, err)
 		}
 	}
@@ -292,6 +302,9 @@ func nsinitTryFiber() error {
 	return nil
 }
 
+// probeScratchSize is the size of the probe's scratch mounts.
+const probeScratchSize = 1 << 20
+
 // nsinitProbeFiber is what a zygote's SDK does in a fiber at
 // IsolationFiber: a /proc and scratch directories of its own, then no
 // capability left. It also checks the fiber cannot undo its mounts.
@@ -304,7 +317,7 @@ func nsinitProbeFiber() int {
 		{"mount /proc", func() error {
 			return unix.Mount("proc", "/proc", "proc", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "")
 		}},
-		{"scratch", mountScratch},
+		{"scratch", func() error { return mountScratch(probeScratchSize) }},
 		{"drop capabilities", func() error { return nsinitCaps(false) }},
 		{"umount must fail", func() error {
 			if err := unix.Unmount("/tmp", unix.MNT_DETACH); !errors.Is(err, unix.EPERM) {

@@ -318,7 +318,7 @@ func (z *zygote) start(ctx context.Context, req WarmRequest) (err error) {
 		afterStart = append(afterStart, lf.Close)
 		cgroupFD = int(lf.Fd())
 	}
-	env := append(zygoteEnv(p.cfg.Path, req), isolationEnv(z.level))
+	env := append(zygoteEnv(p.cfg.Path, req), isolationEnv(z.level, p.cfg.scratchSize(req.Grant))...)
 	argv := append([]string{req.Spec.Command}, req.Spec.Args...)
 	var status *started
 	if z.level == IsolationNone {
@@ -443,7 +443,8 @@ func (z *zygote) isolated(req WarmRequest, path string, argv, env []string, cont
 	network := req.Spec.Network == template.NetworkNone
 	return z.p.iso.prepare(isoStart{
 		id: z.id, network: network, keepAdmin: z.level == IsolationFiber,
-		cfg: nsinitConfig{Hostname: hostname(z.uid), Loopback: network, KeepAdmin: z.level == IsolationFiber, Workdir: req.Spec.Workdir},
+		cfg: nsinitConfig{Hostname: hostname(z.uid), Loopback: network, KeepAdmin: z.level == IsolationFiber, Workdir: req.Spec.Workdir,
+			ScratchSize: z.p.cfg.scratchSize(req.Grant)},
 		fd3: control, command: command, home: home, argv: argv, env: env, out: z.out.w, cgroupFD: cgroupFD,
 	})
 }

@@ -53,6 +53,10 @@ type Agent struct {
 	// measure sums the private dirty memory of a fiber's processes for
 	// the W budget: privateDirty, replaced by tests before Run.
 	measure func(pids []int) (int64, error)
+	// scratch is what a fiber's own scratch file systems hold, added to
+	// its measure at isolation fiber: scratchUsed, replaced by tests
+	// before Run.
+	scratch func(pid int) int64
 	noPSI   sync.Once // "memory.pressure is absent" is logged once
 
 	// lock is StateDir/private/lock, flocked by New before its sweep and
@@ -169,6 +173,7 @@ func New(ctx context.Context, cfg Config) (a *Agent, err error) {
 		templates:    template.Dir(cfg.Templates),
 		readPressure: cgroupPressure,
 		measure:      privateDirty,
+		scratch:      scratchUsed,
 		stopping:     make(chan struct{}),
 		slots:        make(map[string]*slot),
 		changed:      make(chan struct{}),

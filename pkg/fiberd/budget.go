@@ -10,7 +10,10 @@ import (
 	"os"
 	"strconv"
 
+	"golang.org/x/sys/unix"
+
 	"fiberd.io/fiberd/pkg/api"
+	"fiberd.io/fiberd/pkg/backend"
 	"fiberd.io/fiberd/pkg/cgroup"
 	"fiberd.io/fiberd/pkg/core"
 	"fiberd.io/fiberd/pkg/procrec"
@@ -34,6 +37,15 @@ import (
 // shares: pages it copied from its zygote on write, and memory it
 // allocated. Pages swapped out are not counted; a fiber between two
 // measurements may go over briefly.
+//
+// Files a fiber writes into its scratch directories (/tmp, /var/tmp,
+// /dev/shm) take memory too. Each is a tmpfs the backend sizes to the
+// wBudget (backend.Config.ScratchSize without one), and where the leaf
+// enforces, the kernel charges those pages to the writer's leaf. Where the
+// agent measures, it adds what the fiber's own scratch file systems hold
+// (scratchUsed) when the fiber has them (isolation fiber); at isolation
+// grant they are the grant's, shared by its fibers, and bounded by their
+// size alone.
 
 // memoryHigh is the memory.high set below a budget's memory.max.
 func memoryHigh(budget int64) int64 { return max(budget-budget/8, 1) }
@@ -91,14 +103,21 @@ func (a *Agent) budgetRound(ctx context.Context) {
 			a.log.V(1).Info("Cannot measure a fiber's memory", "fiber", tg.f.Fence.String(), "err", err.Error())
 			continue
 		}
-		if used <= tg.budget {
+		var held int64
+		if tg.h.iso == backend.IsolationFiber {
+			held = a.scratch(tg.h.pid)
+		}
+		if used+held <= tg.budget {
 			continue
 		}
 		reason := fmt.Sprintf("over wBudget: dirtied %s of memory, the grant allows %s", mib(used), mib(tg.budget))
+		if held > 0 {
+			reason = fmt.Sprintf("over wBudget: dirtied %s of memory and holds %s in its scratch directories, the grant allows %s", mib(used), mib(held), mib(tg.budget))
+		}
 		if !tg.h.over.CompareAndSwap(nil, &reason) {
 			continue // being ended already
 		}
-		a.log.Info("Ending a fiber over its W budget", "fiber", tg.f.Fence.String(), "dirtied", used, "wBudget", tg.budget)
+		a.log.Info("Ending a fiber over its W budget", "fiber", tg.f.Fence.String(), "dirtied", used, "scratch", held, "wBudget", tg.budget)
 		kctx, cancel := core.WithTimeout(ctx, a.cfg.Clock, drainTimeout)
 		if err := tg.h.backend.Kill(kctx, tg.f.Fence); err != nil && !errors.Is(err, core.ErrNotFound) {
 			a.log.Error(err, "Ending a fiber over its W budget", "fiber", tg.f.Fence.String())
@@ -127,6 +146,36 @@ func sessionMembers() map[int][]int {
 		}
 	}
 	return out
+}
+
+// scratchDirs are the directories an isolated fiber has a tmpfs of its own
+// on (backend's list).
+var scratchDirs = []string{"tmp", "var/tmp", "dev/shm"}
+
+// scratchUsed is what the tmpfs file systems on the scratch directories of
+// process pid's mount namespace hold, in bytes, each counted once; a
+// directory that is not a tmpfs of its own (the host's root file system)
+// or cannot be read counts nothing. The paths are resolved through
+// /proc/<pid>/root, where the process's mounts are; the fiber cannot
+// change them (it has no capability to mount).
+func scratchUsed(pid int) int64 {
+	root := "/proc/" + strconv.Itoa(pid) + "/root/"
+	var rootSt unix.Stat_t
+	if unix.Stat(root, &rootSt) != nil {
+		return 0
+	}
+	seen := map[uint64]bool{rootSt.Dev: true}
+	var sum int64
+	for _, d := range scratchDirs {
+		var st unix.Stat_t
+		var sfs unix.Statfs_t
+		if unix.Stat(root+d, &st) != nil || seen[st.Dev] || unix.Statfs(root+d, &sfs) != nil || sfs.Type != unix.TMPFS_MAGIC {
+			continue
+		}
+		seen[st.Dev] = true
+		sum += int64(sfs.Blocks-sfs.Bfree) * sfs.Bsize
+	}
+	return sum
 }
 
 // privateDirty is the agent's measure: the sum of Private_Dirty in

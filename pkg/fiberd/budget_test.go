@@ -1,10 +1,12 @@
 package fiberd
 
 import (
+	"bufio"
 	"context"
 	"net"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"reflect"
 	"regexp"
@@ -178,6 +180,75 @@ func TestWBudgetCgroup(t *testing.T) {
 	}
 	if n := measured.Load(); n != 0 {
 		t.Errorf("a fiber whose leaf enforces its budget was measured %d times", n)
+	}
+}
+
+// TestWBudgetMeasuredCountsScratch: where the agent measures, what a fiber
+// of isolation fiber holds in its own scratch file systems counts against
+// its wBudget with what it dirtied, and its exit says how much; a fiber of
+// isolation grant (whose scratch is its grant's, shared) is not charged
+// for it.
+func TestWBudgetMeasuredCountsScratch(t *testing.T) {
+	var charged sync.Map // pid -> true
+	e := newEnv(t, withIsolation(fullIsolation, backend.IsolationSupport{}), func(e *env) {
+		e.measure = func([]int) (int64, error) { return 1 << 20, nil }
+		e.scratch = func(pid int) int64 { charged.Store(pid, true); return 8 << 20 }
+	})
+	shared := writeTemplate(t, filepath.Join(e.stateDir, "templates"), "shared", `{"command":"/bin/true","zygote":true,"isolation":"shared"}`)
+	const budget = 4 << 20
+	own := e.cloneReq(e.unix, api.CloneRequest{Grant: e.mint("g1", func(g *core.Grant) { g.WBudget = budget })}).clone(t)
+	grant := e.cloneReq(e.unix, api.CloneRequest{Grant: e.mint("g2", templ(shared), func(g *core.Grant) { g.WBudget = budget })}).clone(t)
+	var g1 api.GrantStatus
+	e.eventuallyStepping("the fiber holding scratch over its budget ended", DefaultBudgetInterval, func() bool {
+		g1 = e.grantStatus("g1")
+		return g1.OverBudget == 1
+	})
+	if len(g1.Exits) != 1 || g1.Exits[0].FiberID != own.FiberID ||
+		!strings.Contains(g1.Exits[0].Reason, "dirtied 1.0 MiB of memory and holds 8.0 MiB in its scratch directories, the grant allows 4.0 MiB") {
+		t.Errorf("g1 exits %+v, want %s over its wBudget for its scratch", g1.Exits, own.FiberID)
+	}
+	for range 3 {
+		e.clk.Step(DefaultBudgetInterval)
+	}
+	if g2 := e.grantStatus("g2"); g2.Isolation != "grant" || g2.OverBudget != 0 || len(g2.Fibers) != 1 || g2.Fibers[0].FiberID != grant.FiberID {
+		t.Errorf("g2 %+v: want its fiber of isolation grant running, not charged for the grant's scratch", g2)
+	}
+	n := 0
+	charged.Range(func(any, any) bool { n++; return true })
+	if n != 1 {
+		t.Errorf("scratch read for %d pids, want only the fiber of isolation fiber's", n)
+	}
+}
+
+// TestScratchUsed reads what a real process's own tmpfs mounts on /tmp,
+// /var/tmp and /dev/shm hold, through /proc/<pid>/root: each once, and
+// nothing of a scratch directory that is not a tmpfs of its own.
+func TestScratchUsed(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("not root: a mount namespace with tmpfs mounts of its own needs CAP_SYS_ADMIN")
+	}
+	if _, err := exec.LookPath("unshare"); err != nil {
+		t.Skipf("no unshare(1) (util-linux) to start a process with mounts of its own: %v", err)
+	}
+	// /var/tmp is a bind of /tmp's tmpfs: counted once.
+	script := `mount -t tmpfs -o size=8m tmpfs /tmp && mount --bind /tmp /var/tmp &&
+mount -t tmpfs -o size=8m tmpfs /dev/shm &&
+head -c 2097152 /dev/zero > /tmp/a && head -c 1048576 /dev/zero > /dev/shm/b && echo ready && exec sleep 60`
+	cmd := exec.Command("unshare", "--mount", "--propagation", "private", "sh", "-c", script)
+	out, err := cmd.StdoutPipe()
+	must(t, err)
+	cmd.Stderr = os.Stderr
+	must(t, cmd.Start())
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	line, err := bufio.NewReader(out).ReadString('\n')
+	if err != nil || line != "ready\n" {
+		t.Fatalf("the process with its own scratch did not start: %q, %v", line, err)
+	}
+	if got, want := scratchUsed(cmd.Process.Pid), int64(3<<20); got != want {
+		t.Errorf("scratchUsed = %d, want %d (2 MiB in /tmp and /var/tmp, one tmpfs, and 1 MiB in /dev/shm)", got, want)
+	}
+	if got := scratchUsed(1 << 30); got != 0 {
+		t.Errorf("scratchUsed of no process = %d, want 0", got)
 	}
 }
 

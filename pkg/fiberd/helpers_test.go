@@ -192,6 +192,7 @@ type env struct {
 	stateDir string
 	pressure pressureReader                    // replaces the agent's readPressure when set
 	measure  func([]int) (int64, error)        // replaces the agent's measure when set
+	scratch  func(int) int64                   // replaces the agent's scratch when set
 	parkSize func(*fiberHandle) (int64, error) // replaces the agent's park.size when set
 }
 
@@ -289,6 +290,9 @@ func (e *env) start() {
 	}
 	if e.measure != nil {
 		a.measure = e.measure
+	}
+	if e.scratch != nil {
+		a.scratch = e.scratch
 	}
 	if e.parkSize != nil {
 		a.park.size = e.parkSize

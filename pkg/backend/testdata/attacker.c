@@ -25,6 +25,11 @@
  *   socket   connect to every unix socket path
  *   dir      open every directory
  *   tcp      connect to every address
+ *   shared   create <dir>/fiberd-attack-<tag>-shared in every directory of
+ *            shared=DIR,.. (world-writable places of the host)
+ * and with fill=DIR:BYTES,.. writes up to BYTES into
+ * <dir>/fiberd-attack-<tag>-fill (removed again) and answers
+ * "fill <dir> wrote <n> <done|error>", how much a scratch directory took;
  * and answers one line per attempt: "<attempt> blocked <why>" or
  * "<attempt> OPEN <what it reached>". Nothing it does harms its target:
  * signal 0 delivers nothing, a seized process is detached untouched.
@@ -134,10 +139,41 @@ static void scan_tmp(struct out *o, const char *dir, char **secrets, int ns)
 		say(o, "files %s blocked no other fiber's file\n", dir);
 }
 
+/* fill is fill=DIR:BYTES: see the top. */
+static void fill(struct out *o, char *spec)
+{
+	static char chunk[1 << 16];
+	char *colon = strrchr(spec, ':');
+	if (!colon)
+		return;
+	*colon = 0;
+	long long want = atoll(colon + 1), wrote = 0;
+	char path[512];
+	snprintf(path, sizeof(path), "%s/fiberd-attack-%s-fill", spec, tag);
+	memset(chunk, 'f', sizeof(chunk));
+	int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+	if (fd < 0) {
+		say(o, "fill %s wrote 0 %s\n", spec, strerror(errno));
+		return;
+	}
+	int err = 0;
+	while (wrote < want) {
+		ssize_t n = write(fd, chunk, sizeof(chunk));
+		if (n <= 0) {
+			err = n < 0 ? errno : ENOSPC;
+			break;
+		}
+		wrote += n;
+	}
+	close(fd);
+	unlink(path);
+	say(o, "fill %s wrote %lld %s\n", spec, wrote, err ? strerror(err) : "done");
+}
+
 static void attack(struct out *o, char *query)
 {
-	char *pids[64], *secrets[64], *socks[16], *dirs[16], *tcps[16];
-	int np = 0, ns = 0, nso = 0, nd = 0, nt = 0;
+	char *pids[64], *secrets[64], *socks[16], *dirs[16], *tcps[16], *shared[16], *fills[8];
+	int np = 0, ns = 0, nso = 0, nd = 0, nt = 0, nsh = 0, nf = 0;
 	for (char *kv = strtok(query, "&"); kv; kv = strtok(NULL, "&")) {
 		char *v = strchr(kv, '=');
 		if (!v)
@@ -158,6 +194,10 @@ static void attack(struct out *o, char *query)
 			dst = dirs, cnt = &nd, cap = 16;
 		else if (!strcmp(kv, "tcp"))
 			dst = tcps, cnt = &nt, cap = 16;
+		else if (!strcmp(kv, "shared"))
+			dst = shared, cnt = &nsh, cap = 16;
+		else if (!strcmp(kv, "fill"))
+			dst = fills, cnt = &nf, cap = 8;
 		if (!dst)
 			continue;
 		for (char *t = strtok_r(copy, ",", &save); t && *cnt < cap; t = strtok_r(NULL, ",", &save))
@@ -267,6 +307,17 @@ static void attack(struct out *o, char *query)
 		verdict(o, "tcp", tcps[i], r == 0, errno);
 		close(s);
 	}
+	for (int i = 0; i < nsh; i++) {
+		char path[512];
+		snprintf(path, sizeof(path), "%s/fiberd-attack-%s-shared", shared[i], tag);
+		errno = 0;
+		int fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC, 0666);
+		verdict(o, "shared", shared[i], fd >= 0, errno);
+		if (fd >= 0)
+			close(fd);
+	}
+	for (int i = 0; i < nf; i++)
+		fill(o, fills[i]);
 }
 
 static struct out zygote_report;

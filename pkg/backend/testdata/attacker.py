@@ -2,7 +2,7 @@
 
 Every fiber holds a secret (the Clone's payload) in its environment and in
 /tmp/fiberd-attack-<tag>-<secret>, and answers GET /whoami, GET /planted
-and GET /attack?pids=..&secrets=..&socks=..&dirs=..&tcp=.. exactly as
+and GET /attack?pids=..&secrets=..&socks=..&dirs=..&tcp=..&shared=..&fill=.. exactly as
 attacker.c does (see there): one line per attempt, "<attempt> <target>
 blocked <why>" or "<attempt> <target> OPEN ...". Usage: attacker.py --tag TAG.
 """
@@ -66,6 +66,24 @@ def attempt(fn):
         return e.strerror or str(e)
 
 
+def fill(d, want):
+    path = "%s/fiberd-attack-%s-fill" % (d, TAG)
+    chunk, wrote, err = b"f" * 65536, 0, "done"
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    except OSError as e:
+        return "fill %s wrote 0 %s" % (d, e.strerror)
+    try:
+        while wrote < want:
+            wrote += os.write(fd, chunk)
+    except OSError as e:
+        err = e.strerror
+    finally:
+        os.close(fd)
+        os.unlink(path)
+    return "fill %s wrote %d %s" % (d, wrote, err)
+
+
 def attack(query):
     q = {k: [x for x in v[0].split(",") if x] for k, v in urllib.parse.parse_qs(query).items()}
     pids, secrets = q.get("pids", []), q.get("secrets", [])
@@ -116,6 +134,12 @@ def attack(query):
             with socket.create_connection((host, int(port)), timeout=5):
                 pass
         verdict(out, "tcp", addr, attempt(conn))
+    for d in q.get("shared", []):
+        path = "%s/fiberd-attack-%s-shared" % (d, TAG)
+        verdict(out, "shared", d, attempt(lambda: os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o666))))
+    for spec in q.get("fill", []):
+        d, want = spec.rsplit(":", 1)
+        out.append(fill(d, int(want)))
     return "\n".join(out) + "\n"
 
 

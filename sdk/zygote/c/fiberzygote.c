@@ -209,6 +209,19 @@ static int fz_enter_leaf(int leaf_fd)
 /* The scratch directories a fiber gets a tmpfs of its own on. */
 static const char *const fz_scratch[] = {"/tmp", "/var/tmp", "/dev/shm"};
 
+/* The options of a fiber's scratch tmpfs mounts: "mode=1777", and the size
+ * fiberd gives in FIBERD_SCRATCH_SIZE (bytes). Set by the zygote before it
+ * forks (fz_scratch_options), read by fibers. */
+static char fz_tmpfs_opts[64] = "mode=1777";
+
+static void fz_scratch_options(void)
+{
+	const char *size = getenv("FIBERD_SCRATCH_SIZE");
+	if (!size || !*size || strlen(size) > 20 || strspn(size, "0123456789") != strlen(size))
+		return;
+	snprintf(fz_tmpfs_opts, sizeof(fz_tmpfs_opts), "mode=1777,size=%s", size);
+}
+
 /* fz_isolate_fiber runs in a fiber that is PID 1 of a PID namespace of its
  * own: a mount and IPC namespace of its own, a /proc of its PID namespace,
  * a tmpfs on each scratch directory, then no capability left (the zygote
@@ -225,7 +238,7 @@ static int fz_isolate_fiber(void)
 		struct stat sb;
 		if (stat(fz_scratch[i], &sb) < 0 || !S_ISDIR(sb.st_mode))
 			continue;
-		if (mount("tmpfs", fz_scratch[i], "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777") < 0)
+		if (mount("tmpfs", fz_scratch[i], "tmpfs", MS_NOSUID | MS_NODEV, fz_tmpfs_opts) < 0)
 			return errno;
 	}
 	if (prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) < 0)
@@ -706,6 +719,7 @@ int fz_serve_spares(int control_fd, fz_fiber_fn on_fiber, fz_spare_fn on_spare, 
 #ifdef __linux__
 	const char *iso = getenv("FIBERD_ISOLATION");
 	if (iso && strcmp(iso, "fiber") == 0) {
+		fz_scratch_options();
 		st.pidns = open("/proc/self/ns/pid", O_RDONLY | O_CLOEXEC);
 		if (st.pidns < 0)
 			fz_log("isolation: cannot open /proc/self/ns/pid (%s)%s; fibers share the zygote's namespaces",

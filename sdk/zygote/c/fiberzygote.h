@@ -31,8 +31,9 @@
  * PID 1 of a PID namespace of its own: fz_serve calls unshare(CLONE_NEWPID)
  * before the fork and setns back to its own namespace after it. Before user
  * code the child also enters mount and IPC namespaces of its own, mounts a
- * /proc of its PID namespace and a tmpfs on /tmp, /var/tmp and /dev/shm,
- * and drops every capability. Like any PID 1, such a fiber is not ended by
+ * /proc of its PID namespace and a tmpfs on /tmp, /var/tmp and /dev/shm
+ * (each of FIBERD_SCRATCH_SIZE bytes, when fiberd gives that), and drops
+ * every capability. Like any PID 1, such a fiber is not ended by
  * a signal it sends itself unless it handles it (abort() then ends it with
  * SIGSEGV), and the processes it starts end with it. The pid in CLONED is
  * the child's pid in the zygote's namespace; the pidfd names it for fiberd.

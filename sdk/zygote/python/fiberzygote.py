@@ -32,8 +32,8 @@ With FIBERD_ISOLATION=fiber in the environment (fiberd then leaves the
 zygote CAP_SYS_ADMIN in the grant's user namespace) every child is PID 1 of
 a PID namespace of its own (unshare(CLONE_NEWPID) before os.fork, setns
 back after), and before user code enters mount and IPC namespaces of its
-own, mounts a /proc of its own and a tmpfs on /tmp, /var/tmp and /dev/shm,
-and drops every capability (through ctypes). Like any PID 1 it is not ended
+own, mounts a /proc of its own and a tmpfs on /tmp, /var/tmp and /dev/shm
+(each FIBERD_SCRATCH_SIZE bytes, when fiberd gives that), and drops every capability (through ctypes). Like any PID 1 it is not ended
 by a signal it sends itself unless it handles it, and the processes it
 starts end with it. The pid in CLONED is then the child's pid in the
 zygote's namespace; the pidfd names it for fiberd.
@@ -198,13 +198,17 @@ class _Isolation:
         hdr = (ct.c_uint32 * 2)(_LINUX_CAPABILITY_VERSION_3, 0)
         data = (ct.c_uint32 * 6)()
         scratch = tuple(d.encode() for d in _SCRATCH if os.path.isdir(d))
+        tmpfs = b"mode=1777"
+        size = os.environ.get("FIBERD_SCRATCH_SIZE", "")
+        if size.isdigit() and int(size) > 0:
+            tmpfs += b",size=" + size.encode()
         # (what, function, arguments) in order; the first failure ends the set-up.
         self._steps = (
             ("unshare(CLONE_NEWNS|CLONE_NEWIPC)", self._unshare, (_CLONE_NEWNS | _CLONE_NEWIPC,)),
             ("private mounts", mount, (None, b"/", None, _MS_REC | _MS_PRIVATE, None)),
             ("mount /proc", mount, (b"proc", b"/proc", b"proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC, None)),
         ) + tuple(
-            ("mount tmpfs on " + d.decode(), mount, (b"tmpfs", d, b"tmpfs", _MS_NOSUID | _MS_NODEV, b"mode=1777"))
+            ("mount tmpfs on " + d.decode(), mount, (b"tmpfs", d, b"tmpfs", _MS_NOSUID | _MS_NODEV, tmpfs))
             for d in scratch
         ) + (
             ("clear ambient capabilities", prctl, (_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)),
