@@ -385,8 +385,7 @@ func TestParkCRIUKilled(t *testing.T) {
 	_ = syscall.Kill(criuPid, syscall.SIGKILL)
 	err := <-done
 	if err == nil {
-		t.Logf("criu finished before it was killed; nothing to check")
-		return
+		t.Skip("criu finished its dump before it was killed: the kill came too late to test what a killed dump leaves on this host")
 	}
 	t.Logf("Park with criu killed: %v", err)
 	for _, d := range []string{dir, dir + partialSuffix} {

@@ -1,4 +1,4 @@
-// Package client is the Go client of fiberd's HTTP API (ARCHITECTURE 4.4):
+// Package client is the Go client of fiberd's HTTP API (docs/api.md):
 // Clone, Release, Park, Status, Watch and Healthz, over the agent's unix
 // socket or over TCP, plaintext on loopback or TLS 1.3 with a client
 // certificate.

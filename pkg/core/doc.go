@@ -12,7 +12,7 @@
 // zygote said READY) and finally yielded (revoked by its lane, lease lapsed,
 // or the agent stops).
 //
-// A fiber is created (a slot reserved and a fence minted), running (the
+// A fiber is created (a place under fibers.max reserved and a fence minted), running (the
 // runtime forked it and the ledger committed it) and then released (by the
 // caller, by a yield, or by an epoch bump) or exited (it ended on its own).
 //

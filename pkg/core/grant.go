@@ -5,9 +5,9 @@ import (
 	"time"
 )
 
-// MaxTokenSize is the largest grant token, 8 KiB (ARCHITECTURE 4.1). Every
-// reader of tokens refuses a larger one before it parses or even reads it
-// whole: the verifier (grant.MaxTokenSize), the file lane
+// MaxTokenSize is the largest grant token, 8 KiB (docs/architecture.md,
+// The grant token). Every reader of tokens refuses a larger one before it
+// parses or even reads it whole: the verifier (grant.MaxTokenSize), the file lane
 // (home.MaxTokenSize) and the Kubernetes home's grant fetch.
 const MaxTokenSize = 8 << 10
 

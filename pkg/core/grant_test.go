@@ -32,7 +32,7 @@ func TestTierOrderAndParse(t *testing.T) {
 }
 
 func TestMaxTokenSizeIs8KiB(t *testing.T) {
-	// ARCHITECTURE 4.1: "whole token at most 8 KiB". The verifier, the
+	// docs/architecture.md, The grant token: at most 8 KiB. The verifier, the
 	// file lane and the grant fetch all read this one constant.
 	if MaxTokenSize != 8192 {
 		t.Fatalf("MaxTokenSize = %d, want 8192", MaxTokenSize)

@@ -25,13 +25,13 @@ type Fiber struct {
 	Handle any
 }
 
-// Reservation is a slot held for a fiber between Reserve and Commit or
+// Reservation is a place under fibers.max held for a fiber between Reserve and Commit or
 // Cancel. Its Fence is already minted.
 type Reservation struct {
 	Fence   Fence
 	Session string
 	entry   *ledgerEntry
-	settled bool // Commit or Cancel freed the slot; guarded by the ledger's mu
+	settled bool // Commit or Cancel freed the place; guarded by the ledger's mu
 }
 
 // GrantState is a grant's entry as Snapshot shows it.
@@ -233,7 +233,7 @@ func (l *Ledger) LockSession(ctx context.Context, uid, session string) (unlock f
 }
 
 // Reserve resolves a Clone of grant uid at now. A running session returns
-// its fiber to attach to and no reservation. Otherwise it holds a slot and
+// its fiber to attach to and no reservation. Otherwise it holds a place and
 // mints the next fence. It fails with a reason for a capacity miss: the
 // grant is unknown or denied, its lease lapsed, or it is at fibers.max. The
 // error wraps ErrNoCapacity; the caller turns it into a Miss by lane health.
@@ -266,7 +266,7 @@ func (l *Ledger) Reserve(uid, session string, now time.Time) (res *Reservation, 
 
 // Commit records the fiber made for res. It fails with ErrStaleCommit when
 // the grant entry was yielded or replaced or the epoch moved since Reserve;
-// the slot is freed either way.
+// the place is freed either way.
 func (l *Ledger) Commit(res *Reservation, f Fiber) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -287,8 +287,8 @@ func (l *Ledger) Commit(res *Reservation, f Fiber) error {
 	return nil
 }
 
-// Cancel frees the slot of a reservation whose fork failed. Cancelling a
-// reservation already committed (a Commit that failed freed its slot too)
+// Cancel frees the place of a reservation whose fork failed. Cancelling a
+// reservation already committed (a Commit that failed freed its place too)
 // or cancelled does nothing.
 func (l *Ledger) Cancel(res *Reservation) {
 	l.mu.Lock()
@@ -320,7 +320,7 @@ func (l *Ledger) Lookup(fence Fence) (Fiber, error) {
 	return *f, nil
 }
 
-// Remove takes a fiber out of the ledger, freeing its slot: a release by the
+// Remove takes a fiber out of the ledger, freeing its place: a release by the
 // caller or an exit on its own. It reports the fiber and whether it was
 // there.
 func (l *Ledger) Remove(fence Fence) (Fiber, bool) {
@@ -339,21 +339,6 @@ func (l *Ledger) Remove(fence Fence) (Fiber, bool) {
 		delete(e.sessions, f.Session)
 	}
 	return *f, true
-}
-
-// Lapsed lists the admitted grants whose lease has ended at now, for the
-// reaper to yield.
-func (l *Ledger) Lapsed(now time.Time) []string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	var out []string
-	for uid, e := range l.grants {
-		if e.grant.Expired(now) {
-			out = append(out, uid)
-		}
-	}
-	sort.Strings(out)
-	return out
 }
 
 // Snapshot is every admitted grant's state, ordered by UID.

@@ -131,8 +131,8 @@ type fiberHandle struct {
 	origin core.Fence
 }
 
-// New validates cfg and prepares the agent in the order of ARCHITECTURE
-// 4.7: the private state directory (0700), the sweep of what a crashed run
+// New validates cfg and prepares the agent in the order of
+// docs/architecture.md, Start and stop: the private state directory (0700), the sweep of what a crashed run
 // on it left, the verifier, the backends' cgroup tree, the epoch bump
 // (persisted in StateDir/private/epoch before anything is served), the
 // ledger, and the API listeners and the admin socket, bound but not
@@ -450,7 +450,7 @@ func (a *Agent) Close() {
 // has ended. When one of its servers
 // fails (its listener broke), it drains the same way and returns that
 // error. It starts, in order, the
-// home, the lane, the reaper and the exit loops, then serves the admin
+// home, the lane, the work queue, the resync and the exit loops, then serves the admin
 // socket and the API. It returns an error without serving when the home's
 // lane cannot be opened, or when called twice or after Close.
 func (a *Agent) Run(ctx context.Context) error {

@@ -17,11 +17,11 @@ import (
 	"fiberd.io/fiberd/pkg/grant"
 )
 
-// clone serves one Clone (ARCHITECTURE 4.3): resolve and verify the grant
+// clone serves one Clone (docs/architecture.md, A Clone): resolve and verify the grant
 // (offering it to its slot and waiting, within the deadline, for its
 // reconcile when it is new), the thrash budget, the grant cgroup's memory
 // pressure (pressureShed), the template's warmth, then under the session's
-// gate attach to a running session or reserve a slot, bind the fiber's
+// gate attach to a running session or reserve a place, bind the fiber's
 // listener, carve its leaf, fork it under the deadline and commit. authed
 // says whether the caller is authenticated, which self-admission needs;
 // who is the connection's caller, whose thrash budget a Clone without a
@@ -80,7 +80,7 @@ func (a *apiServer) clone(ctx context.Context, req api.CloneRequest, authed bool
 		case errors.Is(err, core.ErrUnverifiable):
 			// Keys that are missing or stale are the issuer's outage, not a
 			// bad token and not a lack of capacity: always back off
-			// (ARCHITECTURE 4.1).
+			// (docs/architecture.md, The grant token).
 			m := core.Shed(err.Error(), a.cfg.Issuer, a.cfg.RetryAfter)
 			m.Cause = err
 			return api.CloneResponse{}, "", m
@@ -96,7 +96,7 @@ func (a *apiServer) clone(ctx context.Context, req api.CloneRequest, authed bool
 		}
 	}
 
-	// The thrash budget and pressure are always SHED (ARCHITECTURE 4.3),
+	// The thrash budget and pressure are always SHED (docs/architecture.md, Outcomes),
 	// whatever the lane's health. The budget is the caller's own: the
 	// grant's when a token of it verified, else the connection's, charged
 	// before the grant is looked up so that naming one that does not

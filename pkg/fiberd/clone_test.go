@@ -69,7 +69,7 @@ func TestCloneOutcomes(t *testing.T) {
 		}},
 		{"lease expired", func(e *env) api.CloneRequest {
 			uid := e.deliver(e.mint("g1", lease(time.Minute)))
-			e.clk.Step(2 * time.Minute) // the ledger or, once it ran, the reaper refuses
+			e.clk.Step(2 * time.Minute) // the ledger or, once it ran, the lease's timer refuses
 			e.home.health.MarkSync()
 			return api.CloneRequest{GrantUID: uid}
 		}},
@@ -342,7 +342,7 @@ func TestEpochBumpMidClone(t *testing.T) {
 	}
 }
 
-// TestLeaseExpiryYields: the reaper yields a grant whose lease lapsed:
+// TestLeaseExpiryYields: the lease's timer yields a grant whose lease lapsed:
 // fibers released, zygote stopped, readiness withdrawn.
 func TestLeaseExpiryYields(t *testing.T) {
 	e := newEnv(t)
@@ -350,7 +350,7 @@ func TestLeaseExpiryYields(t *testing.T) {
 	if r := e.cloneReq(e.unix, api.CloneRequest{GrantUID: uid}); r.status != 200 {
 		t.Fatalf("clone: %d %s", r.status, r.body)
 	}
-	e.eventually("reaper waiting", e.clk.HasWaiters)
+	e.eventually("lease timer set", e.clk.HasWaiters)
 	e.clk.Step(time.Minute)
 	e.eventually("g1 yielded", func() bool {
 		_, admitted := e.agent.ledger.Grant(uid)
@@ -419,15 +419,16 @@ func TestSupersededTokenKeepsRenewal(t *testing.T) {
 		t.Fatalf("superseded token re-warmed the template (%d warms)", warms)
 	}
 	// Past the old token's expiry the grant is still admitted and served.
-	e.eventually("reaper waiting", e.clk.HasWaiters)
+	e.eventually("lease timer set", e.clk.HasWaiters)
 	e.clk.Step(time.Hour)
 	if r := e.cloneReq(e.unix, api.CloneRequest{GrantUID: uid}); r.status != 200 {
 		t.Fatalf("clone after the old token's expiry: %d %s", r.status, r.body)
 	}
 }
 
-// TestFiberExitFreesSlot: a fiber that ends on its own frees its slot.
-func TestFiberExitFreesSlot(t *testing.T) {
+// TestFiberExitFreesItsPlace: a fiber that ends on its own frees its place
+// under fibers.max.
+func TestFiberExitFreesItsPlace(t *testing.T) {
 	e := newEnv(t)
 	uid := e.deliver(e.mint("g1", maxFibers(1)))
 	r := e.cloneReq(e.unix, api.CloneRequest{GrantUID: uid})

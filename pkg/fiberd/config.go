@@ -51,8 +51,9 @@ const (
 	DefaultRetryAfter = time.Second
 	// DefaultCloneDeadline bounds a Clone whose request names no deadline.
 	DefaultCloneDeadline = 10 * time.Second
-	// DefaultReapInterval is how often lapsed leases are yielded.
-	DefaultReapInterval = 5 * time.Second
+	// DefaultResyncInterval is how often every grant is reconciled again
+	// when no event asked for it.
+	DefaultResyncInterval = 5 * time.Second
 	// DefaultPortRange is the TCP port range fibers of the inet families
 	// listen on.
 	DefaultPortRange = "20000-20999"
@@ -189,11 +190,11 @@ type Config struct {
 	// CloneDeadline bounds a Clone whose request names no deadlineMs, and
 	// caps one that names a longer one. Default DefaultCloneDeadline.
 	CloneDeadline time.Duration
-	// ReapInterval is how often every grant's state is checked again, a
+	// ResyncInterval is how often every grant's state is checked again, a
 	// safety net beside the events that drive it (a lease's end, a zygote's
 	// death, a lane delivery), and how often watchers are woken to see the
-	// lane's health. Default DefaultReapInterval.
-	ReapInterval time.Duration
+	// lane's health. Default DefaultResyncInterval.
+	ResyncInterval time.Duration
 	// DenyFor is how long a grant its lane removed stays revoked at least:
 	// a Clone presenting one of its tokens is refused until the lane
 	// delivers it again, or until the later of DenyFor after the removal
@@ -206,7 +207,8 @@ type Config struct {
 	// enforces, and ends those over it. Default DefaultBudgetInterval.
 	BudgetInterval time.Duration
 
-	// Clock reads the time, drives the reaper and times Clone deadlines.
+	// Clock reads the time, drives the lease and revocation timers and the
+	// resync, and times Clone deadlines.
 	// Default the real clock.
 	Clock clock.WithTickerAndDelayedExecution
 	// Logger receives the agent's log lines. Default klog.Background().
@@ -283,8 +285,8 @@ func (c Config) withDefaults() Config {
 	if c.CloneDeadline == 0 {
 		c.CloneDeadline = DefaultCloneDeadline
 	}
-	if c.ReapInterval == 0 {
-		c.ReapInterval = DefaultReapInterval
+	if c.ResyncInterval == 0 {
+		c.ResyncInterval = DefaultResyncInterval
 	}
 	if c.DenyFor == 0 {
 		c.DenyFor = DefaultDenyFor
@@ -367,8 +369,8 @@ func (c Config) ValidateSettings() error {
 		return bad("RetryAfter %v is negative: use 0 for the default %v", c.RetryAfter, DefaultRetryAfter)
 	case c.CloneDeadline < 0:
 		return bad("CloneDeadline %v is negative: use 0 for the default %v", c.CloneDeadline, DefaultCloneDeadline)
-	case c.ReapInterval < 0:
-		return bad("ReapInterval %v is negative: use 0 for the default %v", c.ReapInterval, DefaultReapInterval)
+	case c.ResyncInterval < 0:
+		return bad("ResyncInterval %v is negative: use 0 for the default %v", c.ResyncInterval, DefaultResyncInterval)
 	case c.DenyFor < 0:
 		return bad("DenyFor %v is negative: use 0 for the default %v", c.DenyFor, DefaultDenyFor)
 	case c.BudgetInterval < 0:

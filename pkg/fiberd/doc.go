@@ -37,12 +37,12 @@
 // avg10" of memory.pressure above Config.PressureThreshold, read at most
 // once a second per grant) and that the template is warm, then takes the
 // session's gate (a running session is attached, not created twice),
-// reserves a slot (fibers.max is never exceeded) and mints the fence,
+// reserves a place (fibers.max is never exceeded) and mints the fence,
 // binds the fiber's listener, carves its leaf cgroup, forks it on the
 // backend under the deadline, and commits; the commit is refused when the
 // grant entry or the epoch changed meanwhile, and the new fiber is then
 // released. A Clone refused before the fork mints no fence. A fiber that
-// exits frees its slot.
+// exits frees its place.
 //
 // The epoch lives in StateDir/private/epoch: one more on every New, and one
 // more on a scope loss (a ScopeLoser home, or the admin hook), which
@@ -51,7 +51,7 @@
 //
 // # Start and stop
 //
-// New follows ARCHITECTURE 4.7: private state dir (0700), the sweep of what
+// New prepares, in order (docs/architecture.md, Start and stop): private state dir (0700), the sweep of what
 // a crashed run left (the processes and cgroups StateDir/private/procs
 // records, pkg/procrec; cgroups only under the home's cgroup root),
 // verifier, cgroup tree, endpoint host (asked once of an EndpointHoster
@@ -125,7 +125,7 @@
 // sends an empty line every WatchKeepAlive) and a cap on open connections,
 // past which connections wait in the kernel's accept queue (limits.go).
 // Connections that have not authenticated have their own bounded share
-// and never hold the slots of those that have (listeners.go): the TLS
+// and never hold the places of those that have (listeners.go): the TLS
 // listener does each handshake itself, within HeaderTimeout, in a pool of
 // MaxHandshakes of its own (a full pool closes its oldest handshake for a
 // new connection), and hands net/http only handshaken connections, at most
@@ -152,7 +152,7 @@
 // once by New, said in the log, the status and fiberd_checkpoint_available)
 // its grants serve at tier CHECKPOINT: POST /v1/park of a fiber with a
 // session writes its processes to an image under StateDir/private/parked
-// and ends it, freeing its running slot; the session stays parked on the
+// and ends it, freeing its place under fibers.max; the session stays parked on the
 // grant's slot (status, watch, metrics). A Clone naming the session
 // resumes it (kind resume): a reservation and a new fence as for a new
 // fiber, the image restored into a new leaf, listening where it did (TCP,

@@ -169,11 +169,11 @@ func (a *Agent) freeFiber(f core.Fiber) {
 }
 
 // resync queues a reconcile of every grant that has none running or
-// pending, every ReapInterval, until ctx ends: a safety net for a change no
+// pending, every ResyncInterval, until ctx ends: a safety net for a change no
 // event reported. Each round also wakes the watchers, so a change of lane
 // health reaches them.
 func (a *Agent) resync(ctx context.Context) {
-	t := a.cfg.Clock.NewTicker(a.cfg.ReapInterval)
+	t := a.cfg.Clock.NewTicker(a.cfg.ResyncInterval)
 	defer t.Stop()
 	for {
 		select {
@@ -196,7 +196,7 @@ func (a *Agent) resync(ctx context.Context) {
 	}
 }
 
-// exitLoop frees the slots of fibers that end on their own and marks
+// exitLoop frees the places of fibers that end on their own and marks
 // grants whose zygote died cold (their reconcile warms them again), until
 // b's Exits closes. It does no I/O of its own.
 func (a *Agent) exitLoop(b backend.Backend) {

@@ -18,7 +18,7 @@ import (
 	"fiberd.io/fiberd/pkg/core"
 )
 
-// apiHandler is the HTTP API of ARCHITECTURE 4.4, served on the TCP
+// apiHandler is the HTTP API (docs/api.md), served on the TCP
 // listener and the unix socket alike. Run calls it once: it draws the
 // secret of the fibers' release keys.
 func (a *Agent) apiHandler() http.Handler {

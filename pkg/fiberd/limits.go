@@ -77,7 +77,7 @@ type Limits struct {
 	MaxConns int
 	// MaxHandshakes caps the connections of the TLS listener that have
 	// not finished their handshake, apart from MaxConns: a connection
-	// that sends nothing, or no client certificate, never holds a slot of
+	// that sends nothing, or no client certificate, never holds a place of
 	// the authenticated ones. Each handshake must finish within
 	// HeaderTimeout. When the pool is full a new connection closes the
 	// oldest one still in its handshake, so connections that never finish
@@ -215,32 +215,32 @@ func wallDeadline(d time.Duration) time.Time {
 }
 
 // limitConns caps the connections open at once on ln at max: Accept waits
-// for a slot before it accepts, and a connection's Close frees its slot.
+// for a place before it accepts, and a connection's Close frees its place.
 // Connections past the cap wait in the kernel's accept queue. Closing the
 // returned listener ends a waiting Accept.
 func limitConns(ln net.Listener, max int) net.Listener {
-	return &connLimiter{Listener: ln, slots: make(chan struct{}, max), done: make(chan struct{})}
+	return &connLimiter{Listener: ln, places: make(chan struct{}, max), done: make(chan struct{})}
 }
 
 type connLimiter struct {
 	net.Listener
-	slots chan struct{} // one element per open connection
-	done  chan struct{} // closed by Close
-	once  sync.Once
+	places chan struct{} // one element per open connection
+	done   chan struct{} // closed by Close
+	once   sync.Once
 }
 
 func (l *connLimiter) Accept() (net.Conn, error) {
 	select {
-	case l.slots <- struct{}{}:
+	case l.places <- struct{}{}:
 	case <-l.done:
 		return nil, net.ErrClosed
 	}
 	c, err := l.Listener.Accept()
 	if err != nil {
-		<-l.slots
+		<-l.places
 		return nil, err
 	}
-	return &limitedConn{Conn: c, free: l.slots}, nil
+	return &limitedConn{Conn: c, free: l.places}, nil
 }
 
 func (l *connLimiter) Close() error {
@@ -248,7 +248,7 @@ func (l *connLimiter) Close() error {
 	return l.Listener.Close()
 }
 
-// limitedConn frees its listener slot on its first Close.
+// limitedConn frees its listener place on its first Close.
 type limitedConn struct {
 	net.Conn
 	free chan struct{}

@@ -21,7 +21,7 @@ import (
 )
 
 // The TCP listener's shares (issue 24: connections that have not
-// authenticated never hold the slots of those that have). On the TLS
+// authenticated never hold the places of those that have). On the TLS
 // listener connections still in their handshake have a pool of their own
 // (tlsGate); on the plaintext listener, which authenticates no one, each
 // remote address has a share of the connection cap (ipLimiter). The unix
@@ -40,7 +40,7 @@ func (a *Agent) tcpListener(ln net.Listener, tc *tls.Config) net.Listener {
 // ipLimiter caps at max the connections open at once from each remote
 // address (ipCaller) among those its listener, a connLimiter, accepts. A
 // connection past it is answered 429 SHED and closed at once, freeing its
-// slot of the listener's cap: one source holds at most max of them.
+// place of the listener's cap: one source holds at most max of them.
 type ipLimiter struct {
 	net.Listener
 	max    int
@@ -137,16 +137,16 @@ func (c *releaseConn) NetConn() net.Conn { return c.Conn }
 // tlsGate is the TLS listener. It accepts every connection its TCP
 // listener has, does each one's handshake itself, within HeaderTimeout,
 // and hands net/http (Accept) only those handshaken, as *tls.Conn with the
-// client certificate verified: at most MaxConns open at once (slots).
+// client certificate verified: at most MaxConns open at once (places).
 // Connections in their handshake are a pool of their own, of
 // MaxHandshakes: when it is full, a new connection closes the oldest still
 // in its handshake. A connection that never finishes one thus holds a
 // descriptor for at most HeaderTimeout, or until MaxHandshakes newer ones
-// came, and never a slot of those that did: a client with a certificate
+// came, and never a place of those that did: a client with a certificate
 // is kept from the listener only by MaxHandshakes connections arriving
 // within the few milliseconds of its handshake.
 //
-// A handshaken connection waits for a slot while MaxConns are open; it
+// A handshaken connection waits for a place while MaxConns are open; it
 // stays in the pool meanwhile (not to be closed by newer ones), and while
 // the whole pool waits so, the gate accepts no more: further connections
 // wait in the kernel's accept queue as on the other listeners.
@@ -156,7 +156,7 @@ type tlsGate struct {
 	timeout   time.Duration
 	maxPool   int
 	log       logr.Logger
-	slots     chan struct{}   // one element per handshaken connection open
+	places    chan struct{}   // one element per handshaken connection open
 	ready     chan net.Conn   // handshaken connections for Accept
 	errs      chan error      // the TCP listener's errors for Accept
 	room      chan struct{}   // poked when the pool shrinks
@@ -168,7 +168,7 @@ type tlsGate struct {
 	mu          sync.Mutex
 	closed      bool
 	started     bool
-	pool        int       // connections in the pool: in their handshake, or handshaken and waiting for a slot
+	pool        int       // connections in the pool: in their handshake, or handshaken and waiting for a place
 	handshaking list.List // of *pending in their handshake, the oldest first
 }
 
@@ -183,7 +183,7 @@ func newTLSGate(ln net.Listener, tc *tls.Config, lim Limits, log logr.Logger) *t
 	ctx, cancel := context.WithCancel(context.Background())
 	return &tlsGate{
 		ln: ln, config: tc, timeout: lim.HeaderTimeout, maxPool: lim.MaxHandshakes, log: log,
-		slots: make(chan struct{}, lim.MaxConns), ready: make(chan net.Conn), errs: make(chan error),
+		places: make(chan struct{}, lim.MaxConns), ready: make(chan net.Conn), errs: make(chan error),
 		room: make(chan struct{}, 1), done: make(chan struct{}), ctx: ctx, cancel: cancel,
 	}
 }
@@ -306,7 +306,7 @@ func (g *tlsGate) leave() {
 	}
 }
 
-// handshake does p's handshake within the timeout, waits for a slot and
+// handshake does p's handshake within the timeout, waits for a place and
 // hands the connection to Accept. A connection whose handshake fails is
 // closed (logged at V(1), as net/http did); one a newer connection
 // evicted was closed by it, and has left the pool.
@@ -335,18 +335,18 @@ func (g *tlsGate) handshake(p *pending) {
 	}
 	_ = p.conn.SetDeadline(time.Time{})
 	select {
-	case g.slots <- struct{}{}:
+	case g.places <- struct{}{}:
 	case <-g.done:
 		_ = p.conn.Close()
 		g.leave()
 		return
 	}
-	p.conn.hold(func() { <-g.slots })
+	p.conn.hold(func() { <-g.places })
 	g.leave()
 	select {
 	case g.ready <- tc:
 	case <-g.done:
-		_ = p.conn.Close() // frees the slot
+		_ = p.conn.Close() // frees the place
 	}
 }
 

@@ -60,7 +60,7 @@ func (h *hung) warm(ctx context.Context, req backend.WarmRequest) error {
 // TestHungTemplateDelaysNobody: while one grant's template never becomes
 // ready, another grant delivered after it is admitted and warmed, and a
 // third grant whose zygote dies is warmed again at once, without waiting
-// for the hung one or for a reaper round (the fake clock never moves here).
+// for the hung one or for a resync round (the fake clock never moves here).
 func TestHungTemplateDelaysNobody(t *testing.T) {
 	h := newHung(t, "hung")
 	e := newEnv(t, withHooks(fake.Hooks{Warm: h.warm}))

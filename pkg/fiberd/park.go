@@ -26,9 +26,9 @@ import (
 // ParkLimits.Pressure, by the agent for its grant's memory pressure): under
 // the session's gate the WARM backend (a backend.Checkpointer) writes its
 // process tree to an image in StateDir/private/parked/<uid>/<epoch>-<seq>
-// and ends it; the fiber leaves the ledger (its running slot is free) and
+// and ends it; the fiber leaves the ledger (its place under fibers.max is free) and
 // its session is kept as parked on the grant's slot. A Clone naming the
-// session resumes it: a reservation (a running slot, a new fence) as for a
+// session resumes it: a reservation (a place, a new fence) as for a
 // new fiber, then backend Resume of the image into a new leaf, with the
 // fiber's listener: a new unix socket, or its TCP address bound again (the
 // port stays held while it is parked). The image is deleted once resumed,

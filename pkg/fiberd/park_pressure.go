@@ -1,14 +1,8 @@
 package fiberd
 
 import (
-	"bufio"
-	"bytes"
 	"context"
-	"io"
-	"os"
 	"sort"
-	"strconv"
-	"strings"
 	"time"
 
 	"fiberd.io/fiberd/pkg/cgroup"
@@ -112,89 +106,7 @@ func (a *Agent) fiberSize(h *fiberHandle) (int64, error) {
 	return a.measure(pids)
 }
 
-// openConns is what readOpenConns found: the local TCP ports with a
-// connection open, and the unix socket paths with one.
-type openConns struct {
-	ports map[int]bool
-	paths map[string]bool
-}
-
 // has reports whether fiber h's endpoint has a connection open.
 func (c *openConns) has(h *fiberHandle) bool {
 	return (h.port != 0 && c.ports[h.port]) || (h.sock != "" && c.paths[h.sock])
-}
-
-// readOpenConns reads /proc/net/tcp, tcp6 and unix (fiberd's network
-// namespace, the fibers' endpoints'). What cannot be read counts nothing.
-func readOpenConns() *openConns {
-	c := &openConns{ports: map[int]bool{}, paths: map[string]bool{}}
-	for _, name := range []string{"/proc/net/tcp", "/proc/net/tcp6"} {
-		if f, err := os.Open(name); err == nil {
-			parseTCPConns(f, c.ports)
-			f.Close()
-		}
-	}
-	if f, err := os.Open("/proc/net/unix"); err == nil {
-		parseUnixConns(f, c.paths)
-		f.Close()
-	}
-	return c
-}
-
-// maxProcNetLines bounds the lines read of one /proc/net file.
-const maxProcNetLines = 1 << 20
-
-// TCP states of /proc/net/tcp that are no open connection: LISTEN (0A),
-// TIME_WAIT (06) and CLOSE (07).
-var tcpNotOpen = map[string]bool{"0A": true, "06": true, "07": true}
-
-// parseTCPConns adds to ports the local port of every connection of a
-// /proc/net/tcp or tcp6 table ("sl local_address rem_address st ...",
-// addresses as HEXIP:HEXPORT) that is open.
-func parseTCPConns(r io.Reader, ports map[int]bool) {
-	sc := bufio.NewScanner(r)
-	for n := 0; sc.Scan() && n < maxProcNetLines; n++ {
-		f := strings.Fields(sc.Text())
-		if n == 0 || len(f) < 4 || tcpNotOpen[f[3]] {
-			continue
-		}
-		i := strings.LastIndexByte(f[1], ':')
-		if i < 0 {
-			continue
-		}
-		if port, err := strconv.ParseUint(f[1][i+1:], 16, 16); err == nil {
-			ports[int(port)] = true
-		}
-	}
-}
-
-// parseUnixConns adds to paths the path of every connected stream socket
-// of a /proc/net/unix table ("Num RefCount Protocol Flags Type St Inode
-// Path"): a socket a listener accepted shows the listener's path.
-func parseUnixConns(r io.Reader, paths map[string]bool) {
-	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 4096), 64<<10)
-	for n := 0; sc.Scan() && n < maxProcNetLines; n++ {
-		line := sc.Bytes()
-		f := bytes.Fields(line)
-		// St 03 is SS_CONNECTED; a path never holds the fields before it.
-		if n == 0 || len(f) < 8 || string(f[5]) != "03" {
-			continue
-		}
-		paths[string(afterFields(line, 7))] = true
-	}
-}
-
-// afterFields is line after its first n space-separated fields and the
-// spaces that follow them.
-func afterFields(line []byte, n int) []byte {
-	for i := 0; i < n; i++ {
-		line = bytes.TrimLeft(line, " \t")
-		j := bytes.IndexAny(line, " \t")
-		if j < 0 {
-			return nil
-		}
-		line = line[j:]
-	}
-	return bytes.TrimLeft(line, " \t")
 }

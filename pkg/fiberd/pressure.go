@@ -52,7 +52,8 @@ type pressureCache struct {
 }
 
 // pressureShed is the memory-pressure check of a Clone of the grant of slot
-// s, as v shows it (ARCHITECTURE 4.3: pressure is always SHED). It returns
+// s, as v shows it (pressure is always SHED: docs/architecture.md,
+// Outcomes). It returns
 // a SHED with Config.RetryAfter when the "some avg10" of the grant cgroup's
 // memory.pressure is above Config.PressureThreshold, and nil when it is
 // not, when the threshold is 0 (off), when the grant is not admitted

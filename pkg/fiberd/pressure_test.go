@@ -299,10 +299,11 @@ func TestPressureRealCgroup(t *testing.T) {
 	if !r.ok || r.err != nil || r.dir != filepath.Join(root, uid) {
 		t.Fatalf("reading %+v: want one of %s without error", r, filepath.Join(root, uid))
 	}
+	t.Logf("grant cgroup %s: %+v", r.dir, r.p)
 	if !r.p.HasMemory {
-		t.Logf("this kernel offers no memory.pressure in %s: the Clone was served unchecked", r.dir)
-	} else if r.p.Memory > DefaultPressureThreshold {
+		t.Skipf("this kernel offers no memory.pressure in %s (no PSI, or the memory controller not enabled there): the cgroup was read, but an idle grant's pressure cannot be checked here", r.dir)
+	}
+	if r.p.Memory > DefaultPressureThreshold {
 		t.Errorf("an idle grant's memory pressure is %.2f%%, want below %v", r.p.Memory, DefaultPressureThreshold)
 	}
-	t.Logf("grant cgroup %s: %+v", r.dir, r.p)
 }

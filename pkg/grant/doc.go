@@ -19,7 +19,7 @@
 //   - PeekUID reads a token's jti without verifying it, so a lane can name a
 //     grant before the agent verifies it.
 //
-// The token format is fixed by ARCHITECTURE 4.1: a JWS compact serialisation
+// The token format (docs/architecture.md, The grant token) is a JWS compact serialisation
 // of at most MaxTokenSize bytes, alg EdDSA or ES256, a kid, no crit (no JWS
 // extension is supported), the registered claims iss, aud (one value), jti
 // (a DNS-1123 label), iat (at most the verifier's Leeway ahead of its clock)

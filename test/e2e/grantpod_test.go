@@ -232,7 +232,7 @@ func TestIssuerOutage(t *testing.T) {
 		t.Fatalf("a grant issued %v appeared with the issuer stopped", newIat)
 	}
 
-	// The lease ended: the grant lapses (the reaper runs every 5 s) and capacity misses follow,
+	// The lease ended: the grant lapses (its lease's timer yields it) and capacity misses follow,
 	// DEFERRED since the API server is healthy.
 	eventually(t, 15*time.Second, "the lapsed grant refused", func() (bool, string) {
 		resp, err := r.fiberctlClone()

@@ -471,11 +471,33 @@ func TestEndpointHostWaitCutShort(t *testing.T) {
 	}
 }
 
-// Close is idempotent.
+// Close is idempotent: Closes at once and again afterwards all return,
+// and what the first ended stays ended: a Pod without an address is not
+// waited for by an EndpointHost after them (the fake clock never moves, so
+// a wait would last forever).
 func TestCloseIdempotent(t *testing.T) {
-	h, _, _ := newHome(t, func(c *kubernetes.Config) { c.GrantsDir = t.TempDir() })
-	h.Close()
-	h.Close()
+	h, k, _ := newHome(t, func(c *kubernetes.Config) { c.GrantsDir = t.TempDir(); c.Family = endpoint.Inet4 })
+	p := newPod()
+	p.Status.PodIP, p.Status.PodIPs = "", nil
+	k.SetPod(p)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		var wg sync.WaitGroup
+		for range 4 {
+			wg.Go(h.Close)
+		}
+		wg.Wait()
+		h.Close()
+		if ip := h.EndpointHost(); ip != "" {
+			t.Errorf("EndpointHost() after Close = %q, want \"\"", ip)
+		}
+	}()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Close called again, or EndpointHost after it, did not return")
+	}
 }
 
 // "Close ends what New started, the wait for the Pod's address in

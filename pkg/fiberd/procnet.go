@@ -1,0 +1,101 @@
+package fiberd
+
+import (
+	"bufio"
+	"bytes"
+	"io"
+	"os"
+	"strconv"
+	"strings"
+)
+
+// This file reads the kernel's socket tables (/proc/net) for the pressure
+// park, which leaves alone a fiber with a connection open to its endpoint.
+// A unix socket's path is a fiber's choice: nothing in a line is trusted
+// beyond its fields' positions, and every read is bounded.
+
+// openConns is what readOpenConns found: the local TCP ports with a
+// connection open, and the unix socket paths with one.
+type openConns struct {
+	ports map[int]bool
+	paths map[string]bool
+}
+
+// readOpenConns reads /proc/net/tcp, tcp6 and unix (fiberd's network
+// namespace, the fibers' endpoints'). What cannot be read counts nothing.
+func readOpenConns() *openConns {
+	c := &openConns{ports: map[int]bool{}, paths: map[string]bool{}}
+	for _, name := range []string{"/proc/net/tcp", "/proc/net/tcp6"} {
+		if f, err := os.Open(name); err == nil {
+			parseTCPConns(f, c.ports)
+			f.Close()
+		}
+	}
+	if f, err := os.Open("/proc/net/unix"); err == nil {
+		parseUnixConns(f, c.paths)
+		f.Close()
+	}
+	return c
+}
+
+// maxProcNetLines bounds the lines read of one /proc/net file.
+const maxProcNetLines = 1 << 20
+
+// TCP states of /proc/net/tcp that are no open connection: LISTEN (0A),
+// TIME_WAIT (06) and CLOSE (07).
+var tcpNotOpen = map[string]bool{"0A": true, "06": true, "07": true}
+
+// parseTCPConns adds to ports the local port of every connection of a
+// /proc/net/tcp or tcp6 table ("sl local_address rem_address st ...",
+// addresses as HEXIP:HEXPORT) that is open.
+func parseTCPConns(r io.Reader, ports map[int]bool) {
+	sc := bufio.NewScanner(r)
+	for n := 0; sc.Scan() && n < maxProcNetLines; n++ {
+		f := strings.Fields(sc.Text())
+		if n == 0 || len(f) < 4 || tcpNotOpen[f[3]] {
+			continue
+		}
+		i := strings.LastIndexByte(f[1], ':')
+		if i < 0 {
+			continue
+		}
+		if port, err := strconv.ParseUint(f[1][i+1:], 16, 16); err == nil {
+			ports[int(port)] = true
+		}
+	}
+}
+
+// parseUnixConns adds to paths the path of every connected stream socket
+// of a /proc/net/unix table ("Num RefCount Protocol Flags Type St Inode
+// Path"): a socket a listener accepted shows the listener's path.
+func parseUnixConns(r io.Reader, paths map[string]bool) {
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 4096), 64<<10)
+	for n := 0; sc.Scan() && n < maxProcNetLines; n++ {
+		line := sc.Bytes()
+		f := bytes.FieldsFunc(line, isFieldSep)
+		// St 03 is SS_CONNECTED; a path never holds the fields before it.
+		if n == 0 || len(f) < 8 || string(f[5]) != "03" {
+			continue
+		}
+		paths[string(afterFields(line, 7))] = true
+	}
+}
+
+// isFieldSep reports whether r separates the fields of a /proc/net line:
+// a space or a tab, never another byte a path may hold.
+func isFieldSep(r rune) bool { return r == ' ' || r == '\t' }
+
+// afterFields is line after its first n fields (separated as isFieldSep
+// says) and the separators that follow them.
+func afterFields(line []byte, n int) []byte {
+	for i := 0; i < n; i++ {
+		line = bytes.TrimLeft(line, " \t")
+		j := bytes.IndexAny(line, " \t")
+		if j < 0 {
+			return nil
+		}
+		line = line[j:]
+	}
+	return bytes.TrimLeft(line, " \t")
+}
