@@ -80,8 +80,8 @@ type Agent struct {
 	// queue runs the grants' reconciles; set by Run before anything can
 	// add to it.
 	queue *workQueue
-	// park is the CHECKPOINT tier's state (park.go), set by New.
-	park parkState
+	// park owns the CHECKPOINT tier's state (parking.go), set up by New.
+	park parking
 
 	// Locks, in the order they may be taken (a lock is never taken while
 	// one after it is held):
@@ -485,6 +485,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	loops.Go(func() { a.resync(ctx) })
 	loops.Go(func() { a.budgetLoop(ctx) })
+	loops.Go(func() { a.pressureLoop(ctx) })
 	for _, b := range a.backends() {
 		exits.Go(func() { a.exitLoop(b) })
 	}

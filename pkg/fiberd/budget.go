@@ -79,7 +79,7 @@ func (a *Agent) budgetRound(ctx context.Context) {
 			continue
 		}
 		for _, f := range gs.Running {
-			if h, ok := f.Handle.(*fiberHandle); ok && h.measured && h.pid > 0 {
+			if h := handleOf(f); h != nil && h.measured && h.pid > 0 {
 				targets = append(targets, target{f, h, gs.Grant.WBudget})
 			}
 		}

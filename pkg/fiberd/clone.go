@@ -4,16 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
-	"os"
-	"path/filepath"
-	"strconv"
 	"time"
 
 	"fiberd.io/fiberd/pkg/api"
-	"fiberd.io/fiberd/pkg/backend"
 	"fiberd.io/fiberd/pkg/core"
-	"fiberd.io/fiberd/pkg/endpoint"
 	"fiberd.io/fiberd/pkg/grant"
 )
 
@@ -139,8 +133,8 @@ func (a *apiServer) clone(ctx context.Context, req api.CloneRequest, authed bool
 	if !owner {
 		// Under the session's gate no parked session of it appears but by
 		// a Clone or park holding the gate: checked here, before Reserve
-		// mints a fence, it is the one takeParked takes below, if any.
-		if p := s.peekParked(req.Session); p != nil {
+		// mints a fence, it is the one park.take takes below, if any.
+		if p := a.park.peek(uid, req.Session); p != nil {
 			if err := a.sessionProof(req, p.origin); err != nil {
 				return api.CloneResponse{}, "", err
 			}
@@ -163,17 +157,17 @@ func (a *apiServer) clone(ctx context.Context, req api.CloneRequest, authed bool
 		a.touch(attach)
 		return api.CloneResponse{FiberID: attach.Fence.String(), Endpoint: attach.Endpoint, Fence: attach.Fence, Kind: api.KindAttach, ReleaseKey: a.keys.key(key)}, api.KindAttach, nil
 	}
-	if p := s.takeParked(req.Session); p != nil {
+	if p := a.park.take(uid, req.Session); p != nil {
 		if !owner {
 			if err := a.sessionProof(req, p.origin); err != nil {
 				// Not the one checked before Reserve (see above): never
 				// expected, and refused all the same.
-				a.putParked(s, p)
+				a.park.put(p)
 				a.ledger.Cancel(res)
 				return api.CloneResponse{}, "", err
 			}
 		}
-		resp, err := a.resume(ctx, res, v, s, p)
+		resp, err := a.makeFiber(ctx, res, v, nil, p)
 		if err != nil {
 			a.ledger.Cancel(res)
 			return api.CloneResponse{}, api.KindResume, err
@@ -181,7 +175,7 @@ func (a *apiServer) clone(ctx context.Context, req api.CloneRequest, authed bool
 		resp.ReleaseKey = a.keys.key(p.origin)
 		return resp, api.KindResume, nil
 	}
-	resp, err := a.create(ctx, res, v, req.Payload)
+	resp, err := a.makeFiber(ctx, res, v, req.Payload, nil)
 	if err != nil {
 		a.ledger.Cancel(res)
 		return api.CloneResponse{}, api.KindCreate, err
@@ -197,102 +191,4 @@ func (a *Agent) miss(cause error) *core.Miss {
 	m := core.CapacityMiss(a.home.Health().Healthy(), cause.Error(), a.cfg.Issuer, a.cfg.RetryAfter)
 	m.Cause = cause
 	return m
-}
-
-// create makes the fiber of reservation res on the grant's slot as v shows
-// it: binds the listener, carves the leaf, forks and commits. On an error
-// the caller cancels res; create has already undone its own work. The
-// deadline passing while it forks is a miss.
-func (a *Agent) create(ctx context.Context, res *core.Reservation, v slotView, payload []byte) (api.CloneResponse, error) {
-	fence := res.Fence
-	uid := fence.GrantUID
-	if !v.admitted || v.backend == nil {
-		// Admitted in the ledger after the slot was read: the reconcile
-		// is still warming it.
-		return api.CloneResponse{}, a.miss(fmt.Errorf("grant %q: template not warm", uid))
-	}
-	b := v.backend
-
-	h := &fiberHandle{backend: b}
-	lf, url, err := a.listen(fence, h)
-	if err != nil {
-		a.freeFiber(core.Fiber{Handle: h})
-		if errors.Is(err, endpoint.ErrExhausted) {
-			m := core.Shed(fmt.Sprintf("fiber %s: %v", fence, err), a.cfg.Issuer, a.cfg.RetryAfter)
-			m.Cause = err
-			return api.CloneResponse{}, m
-		}
-		return api.CloneResponse{}, fmt.Errorf("fiber %s: endpoint: %w", fence, err)
-	}
-	defer lf.Close() // the fiber holds its own copy
-
-	breq := backend.CloneRequest{Fence: fence, Listener: lf, Payload: payload}
-	leaf, err := a.fiberLeaf(v, fence, h)
-	if err != nil {
-		a.freeFiber(core.Fiber{Handle: h})
-		return api.CloneResponse{}, fmt.Errorf("fiber %s: cgroup leaf: %w", fence, err)
-	}
-	if leaf != nil {
-		breq.Leaf = leaf.Path()
-	}
-	bf, err := b.Clone(ctx, breq)
-	if err != nil {
-		a.freeFiber(core.Fiber{Handle: h})
-		if leaf != nil {
-			_ = leaf.Remove() // after a failed Clone the leaf is ours
-		}
-		switch {
-		case errors.Is(err, backend.ErrCold):
-			return api.CloneResponse{}, a.miss(fmt.Errorf("grant %q: template not warm: %w", uid, err))
-		case ctx.Err() != nil:
-			return api.CloneResponse{}, a.miss(fmt.Errorf("fiber %s: not forked within the Clone's deadline: %w", fence, err))
-		}
-		return api.CloneResponse{}, fmt.Errorf("fiber %s: clone: %w", fence, err)
-	}
-	h.pid, h.leaf, h.iso = bf.PID, breq.Leaf, bf.Isolation
-	f := core.Fiber{Endpoint: url, Tier: b.Tier(), Created: a.cfg.Clock.Now(), Handle: h}
-	if cerr := a.ledger.Commit(res, f); cerr != nil {
-		// The grant was yielded or the epoch moved while forking: the new
-		// fiber belongs to nobody now.
-		kctx, cancel := core.WithTimeout(context.Background(), a.cfg.Clock, drainTimeout)
-		a.releaseFiber(kctx, core.Fiber{Fence: fence, Handle: h})
-		cancel()
-		return api.CloneResponse{}, a.miss(cerr)
-	}
-	a.notify()
-	return api.CloneResponse{FiberID: fence.String(), Endpoint: url, Fence: fence, Kind: api.KindCreate}, nil
-}
-
-// listen binds the fiber's listener and returns its descriptor (a copy the
-// caller closes) and endpoint URL; h records the port or socket file to
-// free later.
-func (a *Agent) listen(fence core.Fence, h *fiberHandle) (*os.File, string, error) {
-	if a.ports == nil {
-		path := filepath.Join(a.cfg.RunDir, "fibers", fence.GrantUID+"-"+strconv.FormatUint(fence.Epoch, 10)+"-"+strconv.FormatUint(fence.Seq, 10)+".sock")
-		ln, url, err := endpoint.ListenUnix(path)
-		if err != nil {
-			return nil, "", err
-		}
-		h.sock = path
-		ul := ln.(*net.UnixListener)
-		ul.SetUnlinkOnClose(false)
-		f, err := ul.File()
-		ul.Close()
-		if err != nil {
-			return nil, "", err
-		}
-		return f, url, nil
-	}
-	ln, url, err := a.ports.Listen(a.cfg.EndpointFamily, a.host)
-	if err != nil {
-		return nil, "", err
-	}
-	tl := ln.(*net.TCPListener)
-	h.port = tl.Addr().(*net.TCPAddr).Port
-	f, err := tl.File()
-	tl.Close()
-	if err != nil {
-		return nil, "", err
-	}
-	return f, url, nil
 }

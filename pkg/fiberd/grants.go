@@ -145,7 +145,7 @@ func (a *Agent) offer(ctx context.Context, g core.Grant) error {
 // releaseFiber kills fiber f and frees what the agent held for it. The
 // fiber is already out of the ledger.
 func (a *Agent) releaseFiber(ctx context.Context, f core.Fiber) {
-	if h, ok := f.Handle.(*fiberHandle); ok && h.backend != nil {
+	if h := handleOf(f); h != nil && h.backend != nil {
 		if err := h.backend.Kill(ctx, f.Fence); err != nil && !errors.Is(err, core.ErrNotFound) {
 			a.log.Error(err, "Killing a fiber", "fiber", f.Fence.String())
 		}
@@ -156,8 +156,8 @@ func (a *Agent) releaseFiber(ctx context.Context, f core.Fiber) {
 // freeFiber frees the endpoint the agent held for fiber f: its port or its
 // socket file.
 func (a *Agent) freeFiber(f core.Fiber) {
-	h, ok := f.Handle.(*fiberHandle)
-	if !ok {
+	h := handleOf(f)
+	if h == nil {
 		return
 	}
 	if h.port != 0 && a.ports != nil {
@@ -248,7 +248,7 @@ func (a *Agent) exitLoop(b backend.Backend) {
 // fiberd_fiber_exits_total (label) and whether it went over its W budget:
 // ended by the budget loop, or by the kernel at its leaf's memory.max.
 func exitReason(f core.Fiber, r backend.ExitReason) (reason, label string, over bool) {
-	if h, ok := f.Handle.(*fiberHandle); ok {
+	if h := handleOf(f); h != nil {
 		if why := h.over.Load(); why != nil {
 			return *why, exitOverBudget, true
 		}
@@ -286,7 +286,7 @@ func (a *Agent) bumpEpoch(ctx context.Context, reason string) uint64 {
 		a.releaseFiber(ctx, f)
 	}
 	a.renewSpares()
-	a.dropAllParked("epoch")
+	a.park.newEpoch(n)
 	a.log.Info("Epoch bumped; every running fiber released", "epoch", n, "reason", reason, "fibers", len(fibers))
 	a.notify()
 	return n

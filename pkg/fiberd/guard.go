@@ -221,7 +221,7 @@ func (k *releaseKeys) check(f core.Fence, presented string) bool {
 // session was created as (fiberHandle.origin, kept across parks and
 // resumes), else f's own.
 func keyFence(f core.Fiber) core.Fence {
-	if h, ok := f.Handle.(*fiberHandle); ok && h.origin != (core.Fence{}) {
+	if h := handleOf(f); h != nil && h.origin != (core.Fence{}) {
 		return h.origin
 	}
 	return f.Fence

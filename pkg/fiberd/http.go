@@ -256,8 +256,12 @@ func (a *Agent) status() api.Status {
 		}
 		if s := a.slotOf(g.UID); s != nil {
 			s.status(&out)
-			a.parkStatus(s, &out)
+			if v := s.view(); v.admitted && v.backend != nil {
+				// CHECKPOINT where the WARM backend can park its fibers.
+				out.Tier = a.tierOf(v.backend, g.UID)
+			}
 		}
+		a.parkStatus(g.UID, &out)
 		if gs.LastSeq > 0 {
 			out.LatestFence = &core.Fence{GrantUID: g.UID, Epoch: st.Epoch, Seq: gs.LastSeq}
 		}

@@ -109,7 +109,7 @@ func (a *Agent) minIsolationStatus() string {
 
 // fiberIsolation is the isolation a running fiber got, "" when unknown.
 func fiberIsolation(f core.Fiber) string {
-	if h, ok := f.Handle.(*fiberHandle); ok && h.iso != "" {
+	if h := handleOf(f); h != nil && h.iso != "" {
 		return h.iso.String()
 	}
 	return ""

@@ -4,20 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
-	"sort"
 	"strconv"
-	"sync"
 	"time"
 
 	"fiberd.io/fiberd/pkg/api"
 	"fiberd.io/fiberd/pkg/backend"
-	"fiberd.io/fiberd/pkg/cgroup"
 	"fiberd.io/fiberd/pkg/core"
-	"fiberd.io/fiberd/pkg/endpoint"
 )
 
 // Parking: the CHECKPOINT tier in the agent.
@@ -26,8 +21,8 @@ import (
 // ParkLimits.Pressure, by the agent for its grant's memory pressure): under
 // the session's gate the WARM backend (a backend.Checkpointer) writes its
 // process tree to an image in StateDir/private/parked/<uid>/<epoch>-<seq>
-// and ends it; the fiber leaves the ledger (its place under fibers.max is free) and
-// its session is kept as parked on the grant's slot. A Clone naming the
+// and ends it; the fiber leaves the ledger (its place under fibers.max is
+// free) and its session is kept parked (parking.go). A Clone naming the
 // session resumes it: a reservation (a place, a new fence) as for a
 // new fiber, then backend Resume of the image into a new leaf, with the
 // fiber's listener: a new unix socket, or its TCP address bound again (the
@@ -35,10 +30,8 @@ import (
 // when the parked fiber id is released, and when the grant ends, the epoch
 // moves or fiberd starts (images are never resumed across epochs).
 //
-// A parked session has one owner at a time: the slot's map, or the one
-// call (resume, release, yield, epoch bump) that took it out of the map.
-// A resume that fails puts it back unless it is unusable or its grant,
-// template or epoch moved meanwhile; then it is deleted.
+// A resume that fails puts the session back unless its image is unusable
+// or its grant, template or epoch moved meanwhile; then it is deleted.
 
 // Defaults of ParkLimits.
 const (
@@ -131,37 +124,9 @@ var (
 	errBusy = errors.New("busy")
 	// errNoRoom is a park refused by ParkLimits.
 	errNoRoom = errors.New("no room for another parked image")
+	// errClosed is a park of a grant that was yielded meanwhile.
+	errClosed = fmt.Errorf("grant not admitted: %w", core.ErrNotFound)
 )
-
-// parkState is the agent's part of the CHECKPOINT tier.
-type parkState struct {
-	// ck is the WARM backend's Checkpointer when its CHECKPOINT tier
-	// works; nil otherwise, and why says what is missing.
-	ck  backend.Checkpointer
-	why error
-	// dir is StateDir/private/parked: one directory of images per grant.
-	dir string
-	m   *parkMetrics
-	// size is a fiber's size for a pressure park: fiberSize, replaced by
-	// tests before Run.
-	size func(h *fiberHandle) (int64, error)
-	// bg runs the deletions of spent images, off the resume's path; Run
-	// waits for it before it returns.
-	bg sync.WaitGroup
-}
-
-// parkedSession is one parked session on its grant's slot.
-type parkedSession struct {
-	session  string
-	fence    core.Fence // the fiber it was parked as
-	origin   core.Fence // the fence the session was created as: its release key's (keyFence)
-	image    backend.Image
-	template string // the grant's template reference at park
-	port     int    // the TCP port held for it, 0 for none
-	endpoint string // where it served, and serves again for TCP
-	at       time.Time
-	by       string
-}
 
 // initPark prepares parking in New: it deletes the images of a previous
 // run (of an older epoch: never resumed), asks the WARM backend whether it
@@ -170,6 +135,10 @@ type parkedSession struct {
 func (a *Agent) initPark(ctx context.Context, private string) error {
 	a.park.dir = filepath.Join(private, "parked")
 	a.park.size = a.fiberSize
+	a.park.log = a.log
+	a.park.ports = a.ports
+	a.park.epoch = a.ledger.Epoch()
+	a.park.asks = make(chan pressureAsk, pressureAsks)
 	if err := os.RemoveAll(a.park.dir); err != nil {
 		return fmt.Errorf("fiberd: parked images of the previous run in %s: %w", a.park.dir, err)
 	}
@@ -289,7 +258,7 @@ func (a *Agent) parkFiber(ctx context.Context, f core.Fiber, by string, try bool
 	fence, uid := f.Fence, f.Fence.GrantUID
 	start := a.cfg.Clock.Now()
 	defer func() { a.park.m.parked(by, err, a.cfg.Clock.Since(start)) }()
-	h, _ := f.Handle.(*fiberHandle)
+	h := handleOf(f)
 	if h == nil || h.backend == nil {
 		return resp, &tierGap{fence: fence, tier: f.Tier, why: a.park.why}
 	}
@@ -306,10 +275,6 @@ func (a *Agent) parkFiber(ctx context.Context, f core.Fiber, by string, try bool
 	if f.Session == "" {
 		return resp, fmt.Errorf("fiber %s has no session: a parked fiber comes back when a Clone names its session, so only a fiber cloned with a session can be parked: %w", fence, core.ErrInvalid)
 	}
-	s := a.slotOf(uid)
-	if s == nil {
-		return resp, errNotFound(fence)
-	}
 	ctx, cancel := core.WithTimeout(ctx, a.cfg.Clock, a.cfg.Park.Timeout)
 	defer cancel()
 	gateCtx := ctx
@@ -323,17 +288,23 @@ func (a *Agent) parkFiber(ctx context.Context, f core.Fiber, by string, try bool
 		return resp, fmt.Errorf("fiber %s: another Clone or park of its session is under way: %w", fence, errBusy)
 	}
 	defer unlock()
-	if err := s.takeParkTurn(gateCtx); err != nil {
+	give, err := a.park.turn(gateCtx, uid)
+	switch {
+	case errors.Is(err, errClosed):
+		return resp, errNotFound(fence)
+	case err != nil:
 		return resp, fmt.Errorf("fiber %s: another park of grant %q is under way: %w", fence, uid, errBusy)
 	}
-	defer s.giveParkTurn()
+	defer give()
 	if _, err := a.ledger.Lookup(fence); err != nil {
 		return resp, err
 	}
-
-	s.mu.Lock()
-	n, used, tmpl := len(s.parked), parkedBytes(s.parked), s.grant.Template
-	s.mu.Unlock()
+	g, ok := a.ledger.Grant(uid)
+	if !ok {
+		return resp, errNotFound(fence)
+	}
+	tmpl := g.Template
+	n, used := a.park.count(uid)
 	room := a.cfg.Park.MaxBytes - used
 	switch {
 	case n >= a.cfg.Park.MaxImages:
@@ -360,11 +331,11 @@ func (a *Agent) parkFiber(ctx context.Context, f core.Fiber, by string, try bool
 	fiber, ok := a.ledger.Remove(fence)
 	if !ok {
 		// Released, yielded, or of an ended epoch while it was dumped.
-		a.removeImage(img.Dir, "ended")
+		a.park.removeImage(img.Dir, "ended")
 		return resp, fmt.Errorf("fiber %s ended while it was parked; its image is deleted: %w", fence, core.ErrNotFound)
 	}
 	p := &parkedSession{session: fiber.Session, fence: fence, origin: keyFence(fiber), image: img, template: tmpl, endpoint: fiber.Endpoint, at: a.cfg.Clock.Now(), by: by}
-	if fh, ok := fiber.Handle.(*fiberHandle); ok {
+	if fh := handleOf(fiber); fh != nil {
 		// The port stays held for the resume, which binds it again; a unix
 		// socket file is freed (the resume binds a new one). The handle is
 		// not changed: a snapshot taken before the park may still read it.
@@ -373,7 +344,7 @@ func (a *Agent) parkFiber(ctx context.Context, f core.Fiber, by string, try bool
 			_ = os.Remove(fh.sock)
 		}
 	}
-	if !a.putParked(s, p) {
+	if !a.park.put(p) {
 		a.notify()
 		return resp, fmt.Errorf("fiber %s: its grant ended or the epoch moved while it was parked; its image is deleted: %w", fence, core.ErrNotFound)
 	}
@@ -382,276 +353,12 @@ func (a *Agent) parkFiber(ctx context.Context, f core.Fiber, by string, try bool
 	return api.ParkResponse{FiberID: fence.String(), Session: p.session, ImageBytes: img.Bytes, OwnBytes: img.OwnBytes}, nil
 }
 
-// parkedBytes sums the images' sizes.
-func parkedBytes(m map[string]*parkedSession) int64 {
-	var n int64
-	for _, p := range m {
-		n += p.image.Bytes
-	}
-	return n
-}
-
-// takeParkTurn waits, until ctx ends, for the grant's turn to park: one
-// park per grant at a time, so its bounds are counted exactly.
-func (s *slot) takeParkTurn(ctx context.Context) error {
-	s.mu.Lock()
-	if s.parkTurn == nil {
-		s.parkTurn = make(chan struct{}, 1)
-	}
-	turn := s.parkTurn
-	s.mu.Unlock()
-	select {
-	case turn <- struct{}{}:
-		return nil
-	default:
-	}
-	select {
-	case turn <- struct{}{}:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-}
-
-func (s *slot) giveParkTurn() {
-	s.mu.Lock()
-	turn := s.parkTurn
-	s.mu.Unlock()
-	<-turn
-}
-
-// putParked keeps p on slot s, unless its grant was yielded or its
-// template changed, or the epoch moved, since it was parked: then its image
-// is deleted (and its port freed), and putParked reports false.
-func (a *Agent) putParked(s *slot, p *parkedSession) bool {
-	s.mu.Lock()
-	ok := !s.gone && s.admitted && s.grant.Template == p.template && a.ledger.Epoch() == p.fence.Epoch
-	var old *parkedSession
-	if ok {
-		if s.parked == nil {
-			s.parked = map[string]*parkedSession{}
-		}
-		old = s.parked[p.session]
-		s.parked[p.session] = p
-	}
-	s.mu.Unlock()
-	if old != nil && old != p {
-		a.deleteParked(old, "replaced")
-	}
-	if !ok {
-		a.deleteParked(p, "stale")
-	}
-	return ok
-}
-
-// peekParked returns session's parked session on slot s, nil when it has
-// none; it stays on the slot, its owner.
-func (s *slot) peekParked(session string) *parkedSession {
-	if s == nil || session == "" {
-		return nil
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.parked[session]
-}
-
-// takeParked takes session's parked session out of slot s, nil when it has
-// none. The caller owns it.
-func (s *slot) takeParked(session string) *parkedSession {
-	if s == nil || session == "" {
-		return nil
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	p := s.parked[session]
-	delete(s.parked, session)
-	return p
-}
-
-// deleteParked deletes p's image and frees its port. reason labels
-// fiberd_parked_images_deleted_total.
-func (a *Agent) deleteParked(p *parkedSession, reason string) {
-	if p.port != 0 && a.ports != nil {
-		a.ports.Release(p.port)
-	}
-	a.removeImage(p.image.Dir, reason)
-	a.log.V(1).Info("Parked session deleted", "fiber", p.fence.String(), "session", p.session, "reason", reason)
-}
-
-// removeImage deletes an image directory, logging a failure.
-func (a *Agent) removeImage(dir, reason string) {
-	if err := backend.RemoveImage(dir); err != nil {
-		a.log.Error(err, "Parked image not deleted", "image", dir)
-	}
-	a.park.m.deleted.WithLabelValues(reason).Inc()
-}
-
-// dropParked deletes every parked session of slot s: its grant ended
-// (yield) or the epoch moved. With grantEnded the grant's image directory
-// goes too.
-func (a *Agent) dropParked(s *slot, reason string, grantEnded bool) {
-	s.mu.Lock()
-	parked := s.parked
-	s.parked = nil
-	s.mu.Unlock()
-	for _, p := range parked {
-		a.deleteParked(p, reason)
-	}
-	if grantEnded && a.park.dir != "" {
-		if err := os.RemoveAll(filepath.Join(a.park.dir, s.uid)); err != nil {
-			a.log.Error(err, "Grant's parked images directory not removed", "grant", s.uid)
-		}
-	}
-	if len(parked) > 0 {
-		a.log.Info("Parked sessions deleted", "grant", s.uid, "count", len(parked), "reason", reason)
-	}
-}
-
-// dropAllParked deletes the parked sessions of every grant: the epoch
-// moved, and no image of the old one may be resumed.
-func (a *Agent) dropAllParked(reason string) {
-	a.mu.Lock()
-	slots := make([]*slot, 0, len(a.slots))
-	for _, s := range a.slots {
-		slots = append(slots, s)
-	}
-	a.mu.Unlock()
-	for _, s := range slots {
-		a.dropParked(s, reason, false)
-	}
-}
-
-// resume brings parked session p back for Clone reservation res on the
-// grant's slot s as v shows it: its listener (a new unix socket, or its
-// TCP address bound again), a new leaf, the backend's Resume, and the
-// commit. Every failure is a capacity miss; the image is deleted when it
-// is unusable or spent, and put back on the slot otherwise. The caller
-// cancels res on an error.
-func (a *Agent) resume(ctx context.Context, res *core.Reservation, v slotView, s *slot, p *parkedSession) (api.CloneResponse, error) {
-	fence := res.Fence
-	uid := fence.GrantUID
-	b := v.backend
-	if a.park.ck == nil || b == nil || b != a.cfg.Warm || !v.admitted {
-		a.putParked(s, p)
-		return api.CloneResponse{}, a.miss(fmt.Errorf("grant %q session %q is parked, and its grant is not warm on the WARM backend now", uid, p.session))
-	}
-	h := &fiberHandle{backend: b, port: p.port, origin: p.origin}
-	var (
-		lf  *os.File
-		url = p.endpoint
-		err error
-	)
-	switch p.image.Network {
-	case "unix":
-		lf, url, err = a.listen(fence, h)
-	case "tcp":
-		var l net.Listener
-		if l, err = endpoint.ListenAt(p.image.Addr); err == nil {
-			lf, err = l.(*net.TCPListener).File()
-			l.Close() // lf keeps the socket bound; Resume closes it for CRIU
-		}
-	}
-	if err != nil {
-		h.port = 0 // still the parked session's
-		a.freeFiber(core.Fiber{Handle: h})
-		a.putParked(s, p)
-		return api.CloneResponse{}, a.miss(fmt.Errorf("session %q: resume: its listener: %w", p.session, err))
-	}
-	if lf != nil {
-		defer lf.Close()
-	}
-	leaf, err := a.fiberLeaf(v, fence, h)
-	if err != nil {
-		h.port = 0
-		a.freeFiber(core.Fiber{Handle: h})
-		a.putParked(s, p)
-		return api.CloneResponse{}, fmt.Errorf("fiber %s: cgroup leaf: %w", fence, err)
-	}
-	req := backend.ResumeRequest{Fence: fence, Image: p.image.Dir, Template: v.grant.Template, Listener: lf}
-	if leaf != nil {
-		req.Leaf = leaf.Path()
-	}
-	rs, err := a.park.ck.Resume(ctx, req)
-	if err != nil {
-		h.port = 0
-		a.freeFiber(core.Fiber{Handle: h})
-		if leaf != nil {
-			_ = leaf.Remove() // after a failed Resume the leaf is ours
-		}
-		cause := fmt.Errorf("session %q: resume of %s failed: %w", p.session, p.fence, err)
-		if errors.Is(err, backend.ErrImageUnusable) {
-			a.deleteParked(p, "unusable")
-			cause = fmt.Errorf("session %q: its parked image cannot be resumed and is deleted (a Clone of the session now starts it afresh): %w", p.session, err)
-		} else {
-			a.putParked(s, p)
-		}
-		a.log.Info("Resume failed", "fiber", fence.String(), "session", p.session, "reason", err.Error())
-		return api.CloneResponse{}, a.miss(cause)
-	}
-	if rs.Listener != nil && rs.Listener != lf {
-		_ = rs.Listener.Close() // the fiber holds its own copy
-	}
-	h.pid, h.leaf = rs.Fiber.PID, req.Leaf
-	now := a.cfg.Clock.Now()
-	h.used.Store(now.UnixNano())
-	f := core.Fiber{Endpoint: url, Tier: a.tierOf(b, uid), Created: now, Handle: h}
-	if cerr := a.ledger.Commit(res, f); cerr != nil {
-		// The grant was yielded or the epoch moved meanwhile: the image
-		// is of a grant or an epoch that is gone.
-		kctx, cancel := core.WithTimeout(context.Background(), a.cfg.Clock, drainTimeout)
-		a.releaseFiber(kctx, core.Fiber{Fence: fence, Handle: h})
-		cancel()
-		p.port = 0 // freed with the fiber
-		a.deleteParked(p, "stale")
-		return api.CloneResponse{}, a.miss(cerr)
-	}
-	p.port = 0 // the fiber's now
-	// Unlinking an image of tens of MiB takes milliseconds: not on the
-	// resumed fiber's path to its caller.
-	dir := p.image.Dir
-	a.park.bg.Go(func() { a.removeImage(dir, "resumed") })
-	a.log.V(1).Info("Session resumed", "fiber", fence.String(), "session", p.session, "parkedAs", p.fence.String())
-	a.notify()
-	return api.CloneResponse{FiberID: fence.String(), Endpoint: url, Fence: fence, Kind: api.KindResume}, nil
-}
-
-// fiberLeaf carves fiber fence's leaf on the grant's cgroup, as v shows
-// it, with the W budget's memory.max where the leaf can enforce it (else h
-// is marked measured) and Config.FiberPidsMax where it has the pids
-// controller; nil without a cgroup. A limit that cannot be written is
-// logged, and the fiber runs without it.
-func (a *Agent) fiberLeaf(v slotView, fence core.Fence, h *fiberHandle) (*cgroup.Leaf, error) {
-	budget := v.grant.WBudget
-	h.measured = budget > 0
-	if v.cg == nil {
-		return nil, nil
-	}
-	l, err := v.cg.Fiber(fence.Epoch, fence.Seq)
-	if err != nil {
-		return nil, err
-	}
-	if budget > 0 && v.memCgroup {
-		if err := l.SetMemoryLimit(budget, memoryHigh(budget)); err != nil {
-			a.log.Error(err, "Cannot set the fiber's memory.max; measuring its W budget instead", "fiber", fence.String())
-		} else {
-			h.measured = false
-		}
-	}
-	if v.pidsCgroup && a.cfg.FiberPidsMax > 0 {
-		if err := l.SetPidsMax(a.cfg.FiberPidsMax); err != nil {
-			a.log.Error(err, "Cannot set the fiber's pids.max; it runs without", "fiber", fence.String())
-		}
-	}
-	return &l, nil
-}
-
 // releaseParked serves the release of a parked session's fiber id: the
 // caller proves it may (authorizeFiber, with the session's release key),
 // and the image is deleted. It answers core.ErrNotFound when fence names
 // no parked session.
 func (a *apiServer) releaseParked(ctx context.Context, req api.FiberRequest, fence core.Fence, authed bool) error {
-	s := a.slotOf(fence.GrantUID)
-	p := s.parkedAs(fence)
+	p := a.park.parkedAs(fence)
 	if p == nil {
 		return errNotFound(fence)
 	}
@@ -663,62 +370,27 @@ func (a *apiServer) releaseParked(ctx context.Context, req api.FiberRequest, fen
 		return fmt.Errorf("fiber %s: a Clone of its parked session is resuming it: %w", fence, errBusy)
 	}
 	defer unlock()
-	s.mu.Lock()
-	mine := s.parked[p.session] == p
-	if mine {
-		delete(s.parked, p.session)
-	}
-	s.mu.Unlock()
-	if !mine {
+	if !a.park.takeExact(p) {
 		return errNotFound(fence) // resumed or deleted meanwhile
 	}
-	a.deleteParked(p, "released")
+	a.park.delete(p, "released")
 	a.notify()
 	return nil
 }
 
-// parkedAs returns the parked session that was fiber fence, nil when none.
-func (s *slot) parkedAs(fence core.Fence) *parkedSession {
-	if s == nil {
-		return nil
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for _, p := range s.parked {
-		if p.fence == fence {
-			return p
-		}
-	}
-	return nil
-}
-
-// parkStatus fills slot s's parking part of its grant's status: the tier
-// its fibers are served at, and its parked sessions.
-func (a *Agent) parkStatus(s *slot, out *api.GrantStatus) {
-	s.mu.Lock()
-	b, admitted := s.backend, s.admitted
-	parked := make([]*parkedSession, 0, len(s.parked))
-	for _, p := range s.parked {
-		parked = append(parked, p)
-	}
-	s.mu.Unlock()
-	if admitted && b != nil {
-		out.Tier = a.tierOf(b, s.uid) // outside mu: a call into the backend
-	}
-	sort.Slice(parked, func(i, j int) bool { return parked[i].session < parked[j].session })
-	for _, p := range parked {
-		out.Parked++
-		out.ParkedBytes += p.image.Bytes
-		out.ParkedSessions = append(out.ParkedSessions, api.ParkedSession{
-			Session: p.session, FiberID: p.fence.String(), ImageBytes: p.image.Bytes, OwnBytes: p.image.OwnBytes, ParkedAt: p.at, By: p.by,
-		})
+// parkStatus fills grant uid's parked sessions in its status.
+func (a *Agent) parkStatus(uid string, out *api.GrantStatus) {
+	out.ParkedSessions = a.park.status(uid)
+	out.Parked = len(out.ParkedSessions)
+	for _, p := range out.ParkedSessions {
+		out.ParkedBytes += p.ImageBytes
 	}
 }
 
 // touch records that a Clone named fiber f (attached to it): a pressure
 // park leaves it alone for ParkLimits.IdleAfter.
 func (a *Agent) touch(f *core.Fiber) {
-	if h, ok := f.Handle.(*fiberHandle); ok {
+	if h := handleOf(*f); h != nil {
 		h.used.Store(a.cfg.Clock.Now().UnixNano())
 	}
 }

@@ -90,13 +90,7 @@ func (c *parkCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	ch <- prometheus.MustNewConstMetric(c.available, prometheus.GaugeValue, avail)
 	for _, st := range c.a.ledger.Snapshot() {
-		s := c.a.slotOf(st.Grant.UID)
-		n, b := 0, int64(0)
-		if s != nil {
-			s.mu.Lock()
-			n, b = len(s.parked), parkedBytes(s.parked)
-			s.mu.Unlock()
-		}
+		n, b := c.a.park.count(st.Grant.UID)
 		ch <- prometheus.MustNewConstMetric(c.sessions, prometheus.GaugeValue, float64(n), st.Grant.UID)
 		ch <- prometheus.MustNewConstMetric(c.bytes, prometheus.GaugeValue, float64(b), st.Grant.UID)
 	}

@@ -15,10 +15,25 @@ import (
 // and is served; one park per pressure reading, so a burst of Clones
 // within a second parks one fiber and sheds the rest.
 
-// parkForPressure parks, for a Clone of slot s's grant that its memory
-// pressure would shed, the grant's largest idle fiber (not of the Clone's
-// own session), and reports whether one was parked. It parks at most once
-// per pressure reading of the grant, within ctx (the Clone's deadline).
+// pressureAsks bounds the pressure parks waiting for pressureLoop; a Clone
+// that finds the queue full is shed.
+const pressureAsks = 16
+
+// pressureAsk is a Clone's ask for a pressure park of grant uid, not of
+// its own session skip. done (buffered) says whether a fiber was parked.
+type pressureAsk struct {
+	uid, skip string
+	done      chan bool
+}
+
+// parkForPressure asks, for a Clone of slot s's grant that its memory
+// pressure would shed, for the grant's largest idle fiber (not of the
+// Clone's own session) to be parked, and waits for the answer within ctx
+// (the Clone's deadline); it reports whether one was parked. It asks at
+// most once per pressure reading of the grant. The park is parking's
+// queued work (pressureLoop), never a dump on the Clone's goroutine or
+// under its locks: a Clone whose deadline passes stops waiting, and the
+// park it asked for still makes room for the next.
 func (a *Agent) parkForPressure(ctx context.Context, s *slot, session string) bool {
 	if !a.cfg.Park.Pressure || a.park.ck == nil || s == nil {
 		return false
@@ -26,18 +41,44 @@ func (a *Agent) parkForPressure(ctx context.Context, s *slot, session string) bo
 	s.pressure.mu.Lock()
 	reading := s.pressure.at
 	s.pressure.mu.Unlock()
-	s.mu.Lock()
-	if s.pressureParked.Equal(reading) {
-		s.mu.Unlock()
+	if !a.park.firstAsk(s.uid, reading) {
 		return false // this reading's park is made (or being tried)
 	}
-	s.pressureParked = reading
-	s.mu.Unlock()
+	ask := pressureAsk{uid: s.uid, skip: session, done: make(chan bool, 1)}
+	select {
+	case a.park.asks <- ask:
+	default:
+		return false
+	}
+	select {
+	case parked := <-ask.done:
+		return parked
+	case <-ctx.Done():
+		return false
+	}
+}
 
-	for _, f := range a.idleFibers(s.uid, session) {
+// pressureLoop makes the pressure parks asked, one at a time, until ctx
+// ends. Run starts it.
+func (a *Agent) pressureLoop(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case ask := <-a.park.asks:
+			ask.done <- a.pressurePark(ctx, ask.uid, ask.skip)
+		}
+	}
+}
+
+// pressurePark parks grant uid's largest idle fiber not of session skip,
+// and reports whether it parked one. Each park is bounded by
+// ParkLimits.Timeout.
+func (a *Agent) pressurePark(ctx context.Context, uid, skip string) bool {
+	for _, f := range a.idleFibers(uid, skip) {
 		resp, err := a.parkFiber(ctx, f, parkByPressure, true)
 		if err == nil {
-			a.log.Info("Parked a fiber for the grant's memory pressure", "grant", s.uid, "fiber", resp.FiberID, "session", resp.Session, "own", resp.OwnBytes)
+			a.log.Info("Parked a fiber for the grant's memory pressure", "grant", uid, "fiber", resp.FiberID, "session", resp.Session, "own", resp.OwnBytes)
 			return true
 		}
 		a.log.V(1).Info("Fiber not parked for pressure", "fiber", f.Fence.String(), "reason", err.Error())
@@ -65,8 +106,8 @@ func (a *Agent) idleFibers(uid, skip string) []core.Fiber {
 			continue
 		}
 		for _, f := range gs.Running {
-			h, ok := f.Handle.(*fiberHandle)
-			if !ok || f.Session == "" || f.Session == skip || h.backend != a.cfg.Warm || h.pid <= 0 {
+			h := handleOf(f)
+			if h == nil || f.Session == "" || f.Session == skip || h.backend != a.cfg.Warm || h.pid <= 0 {
 				continue
 			}
 			used := f.Created

@@ -233,6 +233,7 @@ func (a *Agent) admit(s *slot, g core.Grant) error {
 	if _, err := a.ledger.Admit(g); err != nil {
 		return err
 	}
+	a.park.open(g.UID, g.Template)
 	s.mu.Lock()
 	s.admitted, s.grant, s.spec, s.backend, s.gap = true, g, spec, b, nil
 	s.mu.Unlock()
@@ -379,7 +380,7 @@ func (a *Agent) yield(ctx context.Context, s *slot, reason string) {
 	s.cg, s.cgRec, s.memCgroup, s.pidsCgroup, s.release, s.devices = nil, procrec.Record{}, false, false, nil, core.DeviceChannel{}
 	s.wakeLocked()
 	s.mu.Unlock()
-	a.dropParked(s, "yielded", true)
+	a.park.close(uid)
 	for _, f := range fibers {
 		a.freeFiber(f) // the backend's Stop ends them
 	}

@@ -22,8 +22,8 @@ import (
 // and changes its actual state. A slot is made on the first event of its
 // UID and dropped once it has nothing left to do.
 //
-// Future per-grant state (spare fibers, parked sessions) belongs here too,
-// behind the same rule: written by the reconcile, read by Clone under mu.
+// A grant's running fibers are the ledger's, its spares the backend's, and
+// its parked sessions parking's (parking.go).
 type slot struct {
 	uid string
 
@@ -98,21 +98,6 @@ type slot struct {
 	// budget, oldest first (recordExit); overBudget counts the latter.
 	exits      []api.FiberExit
 	overBudget int
-
-	// Parking (park.go). Unlike the rest of what is, parked sessions are
-	// written outside the reconcile, each under its session's gate (as a
-	// running fiber is the ledger's): a park adds one, a resume or a
-	// release takes one out; a yield or an epoch bump drops them all.
-
-	// parked are the grant's parked sessions by session name; nil when
-	// none.
-	parked map[string]*parkedSession
-	// parkTurn holds a token while one of the grant's parks runs; made on
-	// the first park.
-	parkTurn chan struct{}
-	// pressureParked is the pressure reading (its time) a pressure park
-	// was tried for.
-	pressureParked time.Time
 }
 
 func newSlot(uid string) *slot {
@@ -210,7 +195,6 @@ func (s *slot) status(out *api.GrantStatus) {
 		return
 	}
 	out.Warm = warm && b.Warmed(s.uid) // outside mu: a call into the backend
-	out.Tier = b.Tier()
 	if out.Warm {
 		out.Isolation = string(b.GrantIsolation(s.uid))
 	}
