@@ -84,10 +84,18 @@ type Agent struct {
 	park parking
 
 	// Locks, in the order they may be taken (a lock is never taken while
-	// one after it is held):
+	// one after it is held; docs/architecture.md, Locks, draws it):
 	//
-	//	epochMu -> mu -> slot.mu -> (the ledger's, the deny list's and the
-	//	backends' own locks, each taken and released inside one call)
+	//	session gate (Ledger.LockSession) -> park turn (parking.turn) ->
+	//	epochMu -> mu -> slot.mu -> (the ledger's, parking's, the deny
+	//	list's and the backends' own locks, each taken and released inside
+	//	one call)
+	//
+	// The two gates are held across work on purpose, each bounded by its
+	// caller's context: a Clone holds its session's gate across the fork
+	// or resume, a park holds its session's gate and its grant's turn
+	// across the dump, so that no second Clone or park of that session
+	// runs meanwhile. Nothing else waits on them.
 	//
 	// No lock of the agent is held across I/O, a process start, or a call
 	// into the home, a backend or the verifier, with two exceptions that

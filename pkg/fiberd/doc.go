@@ -80,7 +80,9 @@
 // the backend's Warm (isolation.go).
 //
 // Locks: see the Agent type. No lock is held across I/O, a process start
-// or a call into the home, a backend or the verifier.
+// or a call into the home, a backend or the verifier; the session gate and
+// the park turn, gates rather than locks, are held across a fork, a resume
+// or a dump of their own session, bounded by the caller's context.
 //
 // # API and authentication
 //
@@ -162,7 +164,7 @@
 // resume is a miss; the image goes only when it is unusable. Config.Park
 // bounds each grant's images and, with Pressure, lets a Clone that memory
 // pressure would shed park the grant's largest idle fiber instead (park.go,
-// park_pressure.go; docs/design.md decisions 50-58).
+// parking.go, park_pressure.go; docs/design.md decisions 50-58).
 //
 // # Optional home interfaces
 //
