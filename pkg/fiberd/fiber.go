@@ -28,11 +28,11 @@ func handleOf(f core.Fiber) *fiberHandle {
 // the grant as v shows it: a new fork of its template with payload, or,
 // when parked is set, that parked session brought back from its image. In
 // order: its listener (a new one; for a parked TCP session its address
-// bound again), its leaf, the backend's Clone or Resume under ctx, and
-// the ledger's commit. Every failure goes through one undo: what was made
-// for the fiber is freed, and a parked session is put back parked, or
-// deleted when its image is unusable or its grant or epoch moved. The
-// caller cancels res on an error.
+// bound again), its leaf, the backend's Clone or Resume under ctx
+// (startFiber), and the ledger's commit (commitFiber). Every failure
+// before the commit goes through one undo: what was made for the fiber is
+// freed, and a parked session is put back parked, or deleted when its
+// image is unusable. The caller cancels res on an error.
 //
 // Errors: a miss for a grant not warm (or, for a resume, not on a
 // checkpointing WARM backend), ports exhausted (SHED), a fork past ctx's
@@ -40,20 +40,10 @@ func handleOf(f core.Fiber) *fiberHandle {
 // runtime fault.
 func (a *Agent) makeFiber(ctx context.Context, res *core.Reservation, v slotView, payload []byte, parked *parkedSession) (api.CloneResponse, error) {
 	fence := res.Fence
-	uid := fence.GrantUID
-	b := v.backend
-	if !v.admitted || b == nil || (parked != nil && (a.park.ck == nil || b != a.cfg.Warm)) {
-		// Admitted in the ledger after the slot was read (the reconcile is
-		// still warming it), or no longer where a parked session resumes.
-		cause := fmt.Errorf("grant %q: template not warm", uid)
-		if parked != nil {
-			a.park.put(parked)
-			cause = fmt.Errorf("grant %q session %q is parked, and its grant is not warm on the WARM backend now", uid, parked.session)
-		}
-		return api.CloneResponse{}, a.miss(cause)
+	if err := a.canMake(v, fence.GrantUID, parked); err != nil {
+		return api.CloneResponse{}, err
 	}
-
-	h := &fiberHandle{backend: b}
+	h := &fiberHandle{backend: v.backend}
 	if parked != nil {
 		h.port, h.origin = parked.port, parked.origin
 	}
@@ -78,17 +68,7 @@ func (a *Agent) makeFiber(ctx context.Context, res *core.Reservation, v slotView
 
 	lf, url, err := a.fiberListener(fence, h, parked)
 	if err != nil {
-		switch {
-		case parked != nil:
-			err = a.miss(fmt.Errorf("session %q: resume: its listener: %w", parked.session, err))
-		case errors.Is(err, endpoint.ErrExhausted):
-			m := core.Shed(fmt.Sprintf("fiber %s: %v", fence, err), a.cfg.Issuer, a.cfg.RetryAfter)
-			m.Cause = err
-			err = m
-		default:
-			err = fmt.Errorf("fiber %s: endpoint: %w", fence, err)
-		}
-		return api.CloneResponse{}, undo(err, false)
+		return api.CloneResponse{}, undo(a.listenerError(fence, parked, err), false)
 	}
 	if lf != nil {
 		defer lf.Close() // the fiber holds its own copy
@@ -100,49 +80,103 @@ func (a *Agent) makeFiber(ctx context.Context, res *core.Reservation, v slotView
 	if leaf != nil {
 		leafPath = leaf.Path()
 	}
-
-	kind := api.KindCreate
-	if parked == nil {
-		bf, err := b.Clone(ctx, backend.CloneRequest{Fence: fence, Listener: lf, Payload: payload, Leaf: leafPath})
-		if err != nil {
-			switch {
-			case errors.Is(err, backend.ErrCold):
-				err = a.miss(fmt.Errorf("grant %q: template not warm: %w", uid, err))
-			case ctx.Err() != nil:
-				err = a.miss(fmt.Errorf("fiber %s: not forked within the Clone's deadline: %w", fence, err))
-			default:
-				err = fmt.Errorf("fiber %s: clone: %w", fence, err)
-			}
-			return api.CloneResponse{}, undo(err, false)
-		}
-		h.pid, h.iso = bf.PID, bf.Isolation
-	} else {
-		kind = api.KindResume
-		rs, err := a.park.ck.Resume(ctx, backend.ResumeRequest{Fence: fence, Image: parked.image.Dir, Template: v.grant.Template, Listener: lf, Leaf: leafPath})
-		if err != nil {
-			unusable := errors.Is(err, backend.ErrImageUnusable)
-			cause := fmt.Errorf("session %q: resume of %s failed: %w", parked.session, parked.fence, err)
-			if unusable {
-				cause = fmt.Errorf("session %q: its parked image cannot be resumed and is deleted (a Clone of the session now starts it afresh): %w", parked.session, err)
-			}
-			a.log.Info("Resume failed", "fiber", fence.String(), "session", parked.session, "reason", err.Error())
-			return api.CloneResponse{}, undo(a.miss(cause), unusable)
-		}
-		if rs.Listener != nil && rs.Listener != lf {
-			_ = rs.Listener.Close() // the fiber holds its own copy
-		}
-		h.pid = rs.Fiber.PID
+	if unusable, err := a.startFiber(ctx, v, fence, h, lf, leafPath, payload, parked); err != nil {
+		return api.CloneResponse{}, undo(err, unusable)
 	}
 	h.leaf = leafPath
+	if err := a.commitFiber(res, v, h, url, parked); err != nil {
+		return api.CloneResponse{}, err
+	}
+	a.notify()
+	kind := api.KindCreate
+	if parked != nil {
+		kind = api.KindResume
+	}
+	return api.CloneResponse{FiberID: fence.String(), Endpoint: url, Fence: fence, Kind: kind}, nil
+}
+
+// canMake refuses to make a fiber of grant uid when the slot as v shows it
+// is not admitted with a backend: admitted in the ledger after the slot was
+// read (the reconcile is still warming it). A parked session resumes only
+// on the checkpointing WARM backend; refused, it is put back parked. The
+// refusal is a miss.
+func (a *Agent) canMake(v slotView, uid string, parked *parkedSession) error {
+	b := v.backend
+	if v.admitted && b != nil && (parked == nil || (a.park.ck != nil && b == a.cfg.Warm)) {
+		return nil
+	}
+	if parked != nil {
+		a.park.put(parked)
+		return a.miss(fmt.Errorf("grant %q session %q is parked, and its grant is not warm on the WARM backend now", uid, parked.session))
+	}
+	return a.miss(fmt.Errorf("grant %q: template not warm", uid))
+}
+
+// listenerError is the Clone's error for fiber fence whose listener could
+// not be bound: a miss for a parked session's, SHED when ports are
+// exhausted, else a runtime fault.
+func (a *Agent) listenerError(fence core.Fence, parked *parkedSession, err error) error {
+	switch {
+	case parked != nil:
+		return a.miss(fmt.Errorf("session %q: resume: its listener: %w", parked.session, err))
+	case errors.Is(err, endpoint.ErrExhausted):
+		m := core.Shed(fmt.Sprintf("fiber %s: %v", fence, err), a.cfg.Issuer, a.cfg.RetryAfter)
+		m.Cause = err
+		return m
+	}
+	return fmt.Errorf("fiber %s: endpoint: %w", fence, err)
+}
+
+// startFiber starts fiber fence under ctx with listener lf in leaf
+// leafPath: the backend's Clone with payload, or the checkpointer's Resume
+// of parked's image. It records the process in h. unusable says a failed
+// resume's image can never be resumed.
+func (a *Agent) startFiber(ctx context.Context, v slotView, fence core.Fence, h *fiberHandle, lf *os.File, leafPath string, payload []byte, parked *parkedSession) (unusable bool, err error) {
+	if parked == nil {
+		bf, err := v.backend.Clone(ctx, backend.CloneRequest{Fence: fence, Listener: lf, Payload: payload, Leaf: leafPath})
+		switch {
+		case err == nil:
+			h.pid, h.iso = bf.PID, bf.Isolation
+			return false, nil
+		case errors.Is(err, backend.ErrCold):
+			return false, a.miss(fmt.Errorf("grant %q: template not warm: %w", fence.GrantUID, err))
+		case ctx.Err() != nil:
+			return false, a.miss(fmt.Errorf("fiber %s: not forked within the Clone's deadline: %w", fence, err))
+		}
+		return false, fmt.Errorf("fiber %s: clone: %w", fence, err)
+	}
+	rs, err := a.park.ck.Resume(ctx, backend.ResumeRequest{Fence: fence, Image: parked.image.Dir, Template: v.grant.Template, Listener: lf, Leaf: leafPath})
+	if err != nil {
+		unusable = errors.Is(err, backend.ErrImageUnusable)
+		cause := fmt.Errorf("session %q: resume of %s failed: %w", parked.session, parked.fence, err)
+		if unusable {
+			cause = fmt.Errorf("session %q: its parked image cannot be resumed and is deleted (a Clone of the session now starts it afresh): %w", parked.session, err)
+		}
+		a.log.Info("Resume failed", "fiber", fence.String(), "session", parked.session, "reason", err.Error())
+		return unusable, a.miss(cause)
+	}
+	if rs.Listener != nil && rs.Listener != lf {
+		_ = rs.Listener.Close() // the fiber holds its own copy
+	}
+	h.pid = rs.Fiber.PID
+	return false, nil
+}
+
+// commitFiber commits the started fiber of handle h and endpoint url to
+// reservation res. A resume is a use, and its image is removed off the
+// caller's path. When the ledger refuses (the grant was yielded or the
+// epoch moved meanwhile) the fiber is released, a parked image deleted,
+// and the refusal returned as a miss.
+func (a *Agent) commitFiber(res *core.Reservation, v slotView, h *fiberHandle, url string, parked *parkedSession) error {
+	fence := res.Fence
 	now := a.cfg.Clock.Now()
 	if parked != nil {
 		h.used.Store(now.UnixNano()) // a resume is a use
 	}
-	f := core.Fiber{Endpoint: url, Tier: a.tierOf(b, uid), Created: now, Handle: h}
+	f := core.Fiber{Endpoint: url, Tier: a.tierOf(v.backend, fence.GrantUID), Created: now, Handle: h}
 	if cerr := a.ledger.Commit(res, f); cerr != nil {
-		// The grant was yielded or the epoch moved meanwhile: the new
-		// fiber belongs to nobody now, and a parked image is of a grant or
-		// an epoch that is gone.
+		// The new fiber belongs to nobody now, and a parked image is of a
+		// grant or an epoch that is gone.
 		kctx, cancel := core.WithTimeout(context.Background(), a.cfg.Clock, drainTimeout)
 		a.releaseFiber(kctx, core.Fiber{Fence: fence, Handle: h})
 		cancel()
@@ -150,7 +184,7 @@ func (a *Agent) makeFiber(ctx context.Context, res *core.Reservation, v slotView
 			parked.port = 0 // freed with the fiber
 			a.park.delete(parked, "stale")
 		}
-		return api.CloneResponse{}, a.miss(cerr)
+		return a.miss(cerr)
 	}
 	if parked != nil {
 		parked.port = 0 // the fiber's now
@@ -160,8 +194,7 @@ func (a *Agent) makeFiber(ctx context.Context, res *core.Reservation, v slotView
 		a.park.bg.Go(func() { a.park.removeImage(dir, "resumed") })
 		a.log.V(1).Info("Session resumed", "fiber", fence.String(), "session", parked.session, "parkedAs", parked.fence.String())
 	}
-	a.notify()
-	return api.CloneResponse{FiberID: fence.String(), Endpoint: url, Fence: fence, Kind: kind}, nil
+	return nil
 }
 
 // fiberListener binds the listener of fiber fence: a new one, or for a

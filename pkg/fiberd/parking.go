@@ -19,7 +19,7 @@ import (
 // parking owns the CHECKPOINT tier's state: every grant's parked sessions,
 // each grant's park turn, and the queue of pressure parks. The agent
 // reaches it through a few named calls: open and close a grant (its
-// reconcile), newEpoch (an epoch bump), take, peek and put a parked
+// reconcile), newEpoch (an epoch bump), claim, takeExact and put a parked
 // session (a Clone, a park, a release), turn (one park of a grant at a
 // time), status and count (the status and the metrics), and pressure (a
 // Clone asking for room). A grant is open from its admission to its
@@ -205,21 +205,27 @@ func (pk *parking) peek(uid, session string) *parkedSession {
 	return nil
 }
 
-// take takes grant uid's parked session of session out, nil when none.
-// The caller owns it: it resumes it, puts it back or deletes it.
-func (pk *parking) take(uid, session string) *parkedSession {
-	if session == "" {
-		return nil
+// claim takes grant uid's parked session of session out for a Clone that
+// holds the session's gate, once proof accepts the session's key (its
+// origin); a nil proof is the session's owner. It returns nil, nil when no
+// session is parked (or it was deleted meanwhile), and nil with proof's
+// error when the caller is refused: the session then stays parked. proof
+// is called without parking's lock. The caller owns what it claimed: it
+// resumes it, puts it back or deletes it.
+func (pk *parking) claim(uid, session string, proof func(origin core.Fence) error) (*parkedSession, error) {
+	p := pk.peek(uid, session)
+	if p == nil {
+		return nil, nil
 	}
-	pk.mu.Lock()
-	defer pk.mu.Unlock()
-	g := pk.grants[uid]
-	if g == nil {
-		return nil
+	if proof != nil {
+		if err := proof(p.origin); err != nil {
+			return nil, err
+		}
 	}
-	p := g.sessions[session]
-	delete(g.sessions, session)
-	return p
+	if !pk.takeExact(p) {
+		return nil, nil
+	}
+	return p, nil
 }
 
 // takeExact takes p out when it is still parked, and reports whether it

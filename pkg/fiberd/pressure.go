@@ -134,3 +134,14 @@ func (a *Agent) logPressure(uid string, wasErr error, wasOver bool, p cgroup.Pre
 		log.Info("Grant's memory pressure relieved; serving its Clones", "someAvg10", p.Memory, "threshold", a.cfg.PressureThreshold)
 	}
 }
+
+// pressureGate is the memory-pressure check of a Clone of session on slot
+// s: pressureShed's miss, unless a pressure park (parkForPressure) made
+// room for the Clone within ctx.
+func (a *Agent) pressureGate(ctx context.Context, s *slot, v slotView, session string) *core.Miss {
+	m := a.pressureShed(ctx, s, v)
+	if m == nil || a.parkForPressure(ctx, s, session) {
+		return nil
+	}
+	return m
+}
