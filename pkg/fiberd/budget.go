@@ -9,6 +9,7 @@ import (
 	"io/fs"
 	"os"
 	"strconv"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -53,14 +54,20 @@ func memoryHigh(budget int64) int64 { return max(budget-budget/8, 1) }
 // budgetLoop measures, every BudgetInterval, the fibers whose budget is
 // measured, until ctx ends.
 func (a *Agent) budgetLoop(ctx context.Context) {
-	t := a.cfg.Clock.NewTicker(a.cfg.BudgetInterval)
+	a.every(ctx, a.cfg.BudgetInterval, func() { a.budgetRound(ctx) })
+}
+
+// every calls round each interval on the agent's clock, until ctx ends;
+// a round that overruns delays the next, never runs beside it.
+func (a *Agent) every(ctx context.Context, interval time.Duration, round func()) {
+	t := a.cfg.Clock.NewTicker(interval)
 	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C():
-			a.budgetRound(ctx)
+			round()
 		}
 	}
 }

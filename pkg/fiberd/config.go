@@ -1,6 +1,7 @@
 package fiberd
 
 import (
+	"cmp"
 	"fmt"
 	"math"
 	"net"
@@ -267,33 +268,15 @@ func (c Config) withDefaults() Config {
 	if c.PortRange == (endpoint.PortRange{}) {
 		c.PortRange, _ = endpoint.ParsePortRange(DefaultPortRange)
 	}
-	if c.ThrashRate == 0 {
-		c.ThrashRate = DefaultThrashRate
-	}
-	if c.FiberPidsMax == 0 {
-		c.FiberPidsMax = DefaultFiberPidsMax
-	}
-	if c.GrantCPUWeight == 0 {
-		c.GrantCPUWeight = DefaultGrantCPUWeight
-	}
-	if c.ThrashBurst == 0 {
-		c.ThrashBurst = DefaultThrashBurst
-	}
-	if c.RetryAfter == 0 {
-		c.RetryAfter = DefaultRetryAfter
-	}
-	if c.CloneDeadline == 0 {
-		c.CloneDeadline = DefaultCloneDeadline
-	}
-	if c.ResyncInterval == 0 {
-		c.ResyncInterval = DefaultResyncInterval
-	}
-	if c.DenyFor == 0 {
-		c.DenyFor = DefaultDenyFor
-	}
-	if c.BudgetInterval == 0 {
-		c.BudgetInterval = DefaultBudgetInterval
-	}
+	c.ThrashRate = cmp.Or(c.ThrashRate, DefaultThrashRate)
+	c.FiberPidsMax = cmp.Or(c.FiberPidsMax, DefaultFiberPidsMax)
+	c.GrantCPUWeight = cmp.Or(c.GrantCPUWeight, DefaultGrantCPUWeight)
+	c.ThrashBurst = cmp.Or(c.ThrashBurst, DefaultThrashBurst)
+	c.RetryAfter = cmp.Or(c.RetryAfter, DefaultRetryAfter)
+	c.CloneDeadline = cmp.Or(c.CloneDeadline, DefaultCloneDeadline)
+	c.ResyncInterval = cmp.Or(c.ResyncInterval, DefaultResyncInterval)
+	c.DenyFor = cmp.Or(c.DenyFor, DefaultDenyFor)
+	c.BudgetInterval = cmp.Or(c.BudgetInterval, DefaultBudgetInterval)
 	if c.Clock == nil {
 		c.Clock = clock.RealClock{}
 	}
@@ -303,9 +286,7 @@ func (c Config) withDefaults() Config {
 	if c.Registry == nil {
 		c.Registry = prometheus.NewRegistry()
 	}
-	if c.ClockSkew == 0 {
-		c.ClockSkew = grant.DefaultLeeway
-	}
+	c.ClockSkew = cmp.Or(c.ClockSkew, grant.DefaultLeeway)
 	c.Limits = c.Limits.withDefaults()
 	c.Park = c.Park.withDefaults()
 	return c

@@ -173,27 +173,20 @@ func (a *Agent) freeFiber(f core.Fiber) {
 // event reported. Each round also wakes the watchers, so a change of lane
 // health reaches them.
 func (a *Agent) resync(ctx context.Context) {
-	t := a.cfg.Clock.NewTicker(a.cfg.ResyncInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C():
-			a.mu.Lock()
-			uids := make([]string, 0, len(a.slots))
-			for uid := range a.slots {
-				uids = append(uids, uid)
-			}
-			a.mu.Unlock()
-			for _, uid := range uids {
-				if running, timer := a.queue.pending(uid); !running && !timer {
-					a.queue.Add(uid)
-				}
-			}
-			a.notify()
+	a.every(ctx, a.cfg.ResyncInterval, func() {
+		a.mu.Lock()
+		uids := make([]string, 0, len(a.slots))
+		for uid := range a.slots {
+			uids = append(uids, uid)
 		}
-	}
+		a.mu.Unlock()
+		for _, uid := range uids {
+			if running, timer := a.queue.pending(uid); !running && !timer {
+				a.queue.Add(uid)
+			}
+		}
+		a.notify()
+	})
 }
 
 // exitLoop frees the places of fibers that end on their own and marks

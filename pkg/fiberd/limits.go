@@ -1,6 +1,7 @@
 package fiberd
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -100,33 +101,15 @@ type Limits struct {
 
 // withDefaults returns l with its zero fields defaulted.
 func (l Limits) withDefaults() Limits {
-	if l.HeaderTimeout == 0 {
-		l.HeaderTimeout = DefaultHeaderTimeout
-	}
-	if l.BodyTimeout == 0 {
-		l.BodyTimeout = DefaultBodyTimeout
-	}
-	if l.WriteTimeout == 0 {
-		l.WriteTimeout = DefaultWriteTimeout
-	}
-	if l.IdleTimeout == 0 {
-		l.IdleTimeout = DefaultIdleTimeout
-	}
-	if l.WatchKeepAlive == 0 {
-		l.WatchKeepAlive = DefaultWatchKeepAlive
-	}
-	if l.MaxConns == 0 {
-		l.MaxConns = DefaultMaxConns
-	}
-	if l.MaxHandshakes == 0 {
-		l.MaxHandshakes = DefaultMaxHandshakes
-	}
-	if l.MaxConnsPerIP == 0 {
-		l.MaxConnsPerIP = max(1, l.MaxConns/4)
-	}
-	if l.MaxWatches == 0 {
-		l.MaxWatches = DefaultMaxWatches
-	}
+	l.HeaderTimeout = cmp.Or(l.HeaderTimeout, DefaultHeaderTimeout)
+	l.BodyTimeout = cmp.Or(l.BodyTimeout, DefaultBodyTimeout)
+	l.WriteTimeout = cmp.Or(l.WriteTimeout, DefaultWriteTimeout)
+	l.IdleTimeout = cmp.Or(l.IdleTimeout, DefaultIdleTimeout)
+	l.WatchKeepAlive = cmp.Or(l.WatchKeepAlive, DefaultWatchKeepAlive)
+	l.MaxConns = cmp.Or(l.MaxConns, DefaultMaxConns)
+	l.MaxHandshakes = cmp.Or(l.MaxHandshakes, DefaultMaxHandshakes)
+	l.MaxConnsPerIP = cmp.Or(l.MaxConnsPerIP, max(1, l.MaxConns/4))
+	l.MaxWatches = cmp.Or(l.MaxWatches, DefaultMaxWatches)
 	return l
 }
 

@@ -1,6 +1,7 @@
 package fiberd
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -79,18 +80,10 @@ type ParkLimits struct {
 }
 
 func (l ParkLimits) withDefaults() ParkLimits {
-	if l.MaxImages == 0 {
-		l.MaxImages = DefaultParkMaxImages
-	}
-	if l.MaxBytes == 0 {
-		l.MaxBytes = DefaultParkMaxBytes
-	}
-	if l.Timeout == 0 {
-		l.Timeout = DefaultParkTimeout
-	}
-	if l.IdleAfter == 0 {
-		l.IdleAfter = DefaultParkIdleAfter
-	}
+	l.MaxImages = cmp.Or(l.MaxImages, DefaultParkMaxImages)
+	l.MaxBytes = cmp.Or(l.MaxBytes, DefaultParkMaxBytes)
+	l.Timeout = cmp.Or(l.Timeout, DefaultParkTimeout)
+	l.IdleAfter = cmp.Or(l.IdleAfter, DefaultParkIdleAfter)
 	return l
 }
 
