@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"k8s.io/utils/clock"
 
 	"fiberd.io/fiberd/pkg/backend"
 	"fiberd.io/fiberd/pkg/cgroup"
@@ -196,33 +197,9 @@ func New(ctx context.Context, cfg Config) (a *Agent, err error) {
 		}
 	}()
 
-	// The directories are judged before anything is made in them, and
-	// again once made: a directory someone made meanwhile (under a sticky
-	// /tmp, say) is not adopted.
-	private := filepath.Join(cfg.StateDir, "private")
-	euid := os.Geteuid()
-	dirs := places(cfg)
-	for _, p := range dirs {
-		if err := checkPlace(p, euid, true); err != nil {
-			return nil, err
-		}
-	}
-	mk := []string{cfg.StateDir, private, cfg.RunDir, filepath.Join(cfg.RunDir, "fibers")}
-	if cfg.Socket != "-" {
-		mk = append(mk, filepath.Dir(cfg.Socket))
-	}
-	for _, d := range mk {
-		if err := os.MkdirAll(d, 0o700); err != nil {
-			return nil, fmt.Errorf("fiberd: state directory %s: %w", d, err)
-		}
-	}
-	if err := os.Chmod(private, 0o700); err != nil {
-		return nil, fmt.Errorf("fiberd: state directory %s: %w", private, err)
-	}
-	for _, p := range append(dirs, place{private, "state directory's private directory", "-state"}) {
-		if err := checkPlace(p, euid, false); err != nil {
-			return nil, err
-		}
+	private, err := makeStateDirs(cfg)
+	if err != nil {
+		return nil, err
 	}
 	if a.lock, err = lockState(cfg.StateDir); err != nil {
 		return nil, err
@@ -246,27 +223,8 @@ func New(ctx context.Context, cfg Config) (a *Agent, err error) {
 		}
 	}
 	a.limits = readCgroupLimits(a.tree)
-	if cfg.EndpointFamily != endpoint.Unix {
-		a.ports, err = endpoint.NewAllocator(cfg.PortRange)
-		if err != nil {
-			return nil, fmt.Errorf("fiberd: port range: %w", err)
-		}
-		a.host = cfg.EndpointHost
-		if eh, ok := cfg.Home.(EndpointHoster); ok {
-			// The home may wait for its address (a Pod's IP the kubelet
-			// has not written yet); the end of ctx (SIGTERM) cuts that
-			// short by closing the home, which New closes anyway when it
-			// fails.
-			stop := context.AfterFunc(ctx, cfg.Home.Close)
-			h := eh.EndpointHost()
-			stop()
-			if ctx.Err() != nil {
-				return nil, fmt.Errorf("fiberd: stopped while the home %s waited for its endpoint host: %w", cfg.Home.Name(), context.Cause(ctx))
-			}
-			if h != "" {
-				a.host = h
-			}
-		}
+	if err := a.openEndpoints(ctx); err != nil {
+		return nil, err
 	}
 
 	a.epoch, err = core.OpenEpochStore(filepath.Join(private, "epoch"), cfg.Clock, a.log)
@@ -299,6 +257,69 @@ func New(ctx context.Context, cfg Config) (a *Agent, err error) {
 	a.logLimits()
 	a.log.Info("Agent ready to run", "home", cfg.Home.Name(), "epoch", a.ledger.Epoch(), "listen", cfg.Listen, "socket", cfg.Socket)
 	return a, nil
+}
+
+// makeStateDirs makes the state, private, run and socket directories of
+// cfg and returns the private one. The directories are judged before
+// anything is made in them, and again once made: a directory someone made
+// meanwhile (under a sticky /tmp, say) is not adopted.
+func makeStateDirs(cfg Config) (private string, err error) {
+	private = filepath.Join(cfg.StateDir, "private")
+	euid := os.Geteuid()
+	dirs := places(cfg)
+	for _, p := range dirs {
+		if err := checkPlace(p, euid, true); err != nil {
+			return "", err
+		}
+	}
+	mk := []string{cfg.StateDir, private, cfg.RunDir, filepath.Join(cfg.RunDir, "fibers")}
+	if cfg.Socket != "-" {
+		mk = append(mk, filepath.Dir(cfg.Socket))
+	}
+	for _, d := range mk {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			return "", fmt.Errorf("fiberd: state directory %s: %w", d, err)
+		}
+	}
+	if err := os.Chmod(private, 0o700); err != nil {
+		return "", fmt.Errorf("fiberd: state directory %s: %w", private, err)
+	}
+	for _, p := range append(dirs, place{private, "state directory's private directory", "-state"}) {
+		if err := checkPlace(p, euid, false); err != nil {
+			return "", err
+		}
+	}
+	return private, nil
+}
+
+// openEndpoints prepares the fibers' endpoints: for TCP endpoints the port
+// allocator and the host, the home's (EndpointHoster) when it has one. The
+// home may wait for its address (a Pod's IP the kubelet has not written
+// yet); the end of ctx (SIGTERM) cuts that short by closing the home,
+// which New closes anyway when it fails.
+func (a *Agent) openEndpoints(ctx context.Context) (err error) {
+	cfg := a.cfg
+	if cfg.EndpointFamily == endpoint.Unix {
+		return nil
+	}
+	if a.ports, err = endpoint.NewAllocator(cfg.PortRange); err != nil {
+		return fmt.Errorf("fiberd: port range: %w", err)
+	}
+	a.host = cfg.EndpointHost
+	eh, ok := cfg.Home.(EndpointHoster)
+	if !ok {
+		return nil
+	}
+	stop := context.AfterFunc(ctx, cfg.Home.Close)
+	h := eh.EndpointHost()
+	stop()
+	if ctx.Err() != nil {
+		return fmt.Errorf("fiberd: stopped while the home %s waited for its endpoint host: %w", cfg.Home.Name(), context.Cause(ctx))
+	}
+	if h != "" {
+		a.host = h
+	}
+	return nil
 }
 
 // sweep ends what a previous run on this state directory left running when
@@ -486,7 +507,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		// Each revocation's reconcile schedules its expiry.
 		a.event(uid, func(*slot) {})
 	}
-	var loops, exits, servers sync.WaitGroup
+	var loops, exits sync.WaitGroup
 	loops.Go(func() { a.home.Run(ctx) })
 	if lane != nil {
 		loops.Go(func() { a.laneLoop(ctx, lane) })
@@ -498,25 +519,51 @@ func (a *Agent) Run(ctx context.Context) error {
 		exits.Go(func() { a.exitLoop(b) })
 	}
 
-	// A server that fails ends Run, which drains and returns its error.
-	var (
-		srvs     []*http.Server
-		failOnce sync.Once
-		runErr   error // written by fail, read after servers.Wait
-	)
-	fail := func(err error) {
-		failOnce.Do(func() {
-			runErr = err
-			cancel()
-		})
+	srv := a.startServers(cancel)
+	a.log.Info("Agent serving", "epoch", a.ledger.Epoch())
+
+	<-ctx.Done()
+	a.log.Info("Agent draining")
+	close(a.stopping)
+	srv.shutdown(a.cfg.Clock)
+	loops.Wait()
+	a.drain()
+	exits.Wait()
+	a.home.Close()
+	// Nothing of this run is left: another agent may take the state
+	// directory.
+	a.unlock()
+	if srv.err != nil {
+		a.log.Info("Agent stopped after a failure", "err", srv.err.Error())
+		return srv.err
 	}
+	a.log.Info("Agent stopped")
+	return nil
+}
+
+// runServers are Run's HTTP servers: the admin socket's and the API's.
+type runServers struct {
+	srvs []*http.Server
+	wg   sync.WaitGroup
+	once sync.Once
+	err  error // the first server's failure; written once, read after wg.Wait
+}
+
+// startServers serves the admin socket and the API listeners. A server
+// that fails (its listener broke) records its error and calls cancel,
+// which ends Run: it drains and returns that error.
+func (a *Agent) startServers(cancel context.CancelFunc) *runServers {
+	rs := &runServers{}
 	serve := func(ln net.Listener, h http.Handler, authenticated bool) {
 		srv := a.server(ln, h, authenticated) // limits.go: timeouts, browser guard
-		srvs = append(srvs, srv)
-		servers.Go(func() {
+		rs.srvs = append(rs.srvs, srv)
+		rs.wg.Go(func() {
 			if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 				a.log.Error(err, "API server failed; fiberd stops", "addr", ln.Addr().String())
-				fail(fmt.Errorf("fiberd: serving %s: %w", ln.Addr(), err))
+				rs.once.Do(func() {
+					rs.err = fmt.Errorf("fiberd: serving %s: %w", ln.Addr(), err)
+					cancel()
+				})
 			}
 		})
 	}
@@ -528,22 +575,28 @@ func (a *Agent) Run(ctx context.Context) error {
 	if a.apiTCP != nil {
 		serve(a.apiTCP, api, a.tcpAuth)
 	}
-	a.log.Info("Agent serving", "epoch", a.ledger.Epoch())
+	return rs
+}
 
-	<-ctx.Done()
-	a.log.Info("Agent draining")
-	close(a.stopping)
-	sctx, scancel := core.WithTimeout(context.Background(), a.cfg.Clock, drainTimeout)
-	for _, srv := range srvs {
-		if err := srv.Shutdown(sctx); err != nil {
+// shutdown stops the servers, gracefully within drainTimeout on clk, then
+// at once, and waits for their goroutines.
+func (rs *runServers) shutdown(clk clock.WithDelayedExecution) {
+	ctx, cancel := core.WithTimeout(context.Background(), clk, drainTimeout)
+	defer cancel()
+	for _, srv := range rs.srvs {
+		if err := srv.Shutdown(ctx); err != nil {
 			_ = srv.Close()
 		}
 	}
-	scancel()
-	servers.Wait()
-	loops.Wait()
+	rs.wg.Wait()
+}
 
-	// No reconcile runs past this point: the drain owns every slot.
+// drain ends this run's work once nothing serves and no loop runs: the
+// work queue stops (no reconcile runs past this point: the drain owns
+// every slot), every admitted grant is yielded (its fibers released, its
+// zygote stopped) concurrently, the image deletions in flight end, and
+// the backends close.
+func (a *Agent) drain() {
 	a.queue.stop()
 	a.mu.Lock()
 	slots := make([]*slot, 0, len(a.slots))
@@ -564,17 +617,6 @@ func (a *Agent) Run(ctx context.Context) error {
 			a.log.Error(err, "Closing a backend", "tier", b.Tier())
 		}
 	}
-	exits.Wait()
-	a.home.Close()
-	// Nothing of this run is left: another agent may take the state
-	// directory.
-	a.unlock()
-	if runErr != nil {
-		a.log.Info("Agent stopped after a failure", "err", runErr.Error())
-		return runErr
-	}
-	a.log.Info("Agent stopped")
-	return nil
 }
 
 // authKey marks a request's connection as authenticated: the unix socket,

@@ -67,21 +67,8 @@ func (a *Agent) reconcile(ctx context.Context, uid string) result {
 // and the error to record on the slot (nil once what is wanted is reached).
 func (a *Agent) reconcileSlot(ctx context.Context, s *slot, token []byte) (result, error) {
 	uid := s.uid
-	if token != nil {
-		if err := a.acceptDelivered(ctx, s, token); err != nil {
-			if errors.Is(err, core.ErrUnverifiable) {
-				// The issuer's keys are missing or stale: verify it again
-				// later, unless a newer token came meanwhile.
-				s.mu.Lock()
-				if s.delivered == nil {
-					s.delivered = token
-				}
-				s.mu.Unlock()
-				a.log.Info("Cannot verify a delivered grant yet; retrying", "grant", uid, "reason", err.Error())
-				return result{err: err}, err
-			}
-			a.log.Error(err, "Refused a delivered grant", "grant", uid)
-		}
+	if err := a.takeDelivered(ctx, s, token); err != nil {
+		return result{err: err}, err
 	}
 
 	now := a.cfg.Clock.Now()
@@ -139,18 +126,8 @@ func (a *Agent) reconcileSlot(ctx context.Context, s *slot, token []byte) (resul
 			return result{after: wake}, err
 		}
 	} else if !bytes.Equal(cur.Token, want.Token) {
-		if _, err := a.ledger.Admit(*want); err != nil {
+		if err := a.renew(s, cur, *want); err != nil {
 			return result{after: wake}, err
-		}
-		s.mu.Lock()
-		s.grant = *want
-		b := s.backend
-		s.mu.Unlock()
-		a.log.V(1).Info("Grant renewed", "grant", uid, "expiry", want.Expiry)
-		if sp, ok := b.(backend.Sparer); ok && cur.Fibers != want.Fibers {
-			// A zygote warmed later starts from the renewed grant.
-			sp.SetSpares(uid, want.Fibers.Warm, want.Fibers.Max)
-			a.log.V(1).Info("Grant's spares changed", "grant", uid, "warm", want.Fibers.Warm, "max", want.Fibers.Max)
 		}
 	}
 	soonest(want.Expiry.Sub(now))
@@ -173,6 +150,52 @@ func (a *Agent) reconcileSlot(ctx context.Context, s *slot, token []byte) (resul
 		return result{err: err}, err
 	}
 	return result{after: wake}, nil
+}
+
+// takeDelivered verifies token, when the lane delivered one for s
+// (acceptDelivered). A token refused is logged and forgotten; one that
+// cannot be verified yet (the issuer's keys are missing or stale) is kept
+// to verify again later, unless a newer token came meanwhile, and its
+// error returned so the queue retries.
+func (a *Agent) takeDelivered(ctx context.Context, s *slot, token []byte) error {
+	if token == nil {
+		return nil
+	}
+	err := a.acceptDelivered(ctx, s, token)
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, core.ErrUnverifiable):
+		s.mu.Lock()
+		if s.delivered == nil {
+			s.delivered = token
+		}
+		s.mu.Unlock()
+		a.log.Info("Cannot verify a delivered grant yet; retrying", "grant", s.uid, "reason", err.Error())
+		return err
+	}
+	a.log.Error(err, "Refused a delivered grant", "grant", s.uid)
+	return nil
+}
+
+// renew admits want, a new token of admitted grant cur with the same
+// template and tier, in place: its fibers and sequence stay. A change of
+// fibers.warm or fibers.max reaches the backend's spares.
+func (a *Agent) renew(s *slot, cur, want core.Grant) error {
+	if _, err := a.ledger.Admit(want); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	s.grant = want
+	b := s.backend
+	s.mu.Unlock()
+	a.log.V(1).Info("Grant renewed", "grant", s.uid, "expiry", want.Expiry)
+	if sp, ok := b.(backend.Sparer); ok && cur.Fibers != want.Fibers {
+		// A zygote warmed later starts from the renewed grant.
+		sp.SetSpares(s.uid, want.Fibers.Warm, want.Fibers.Max)
+		a.log.V(1).Info("Grant's spares changed", "grant", s.uid, "warm", want.Fibers.Warm, "max", want.Fibers.Max)
+	}
+	return nil
 }
 
 // acceptDelivered verifies a token the lane delivered for s. A good one
