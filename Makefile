@@ -22,8 +22,16 @@ export FIBERD_CRIU
 TAGGED := -tags integration
 E2E_TAGS := -tags e2e
 NODE_TAGS := -tags e2enode
-# The stages of `make ci`, in order; each one's time is printed.
+# The stages of `make ci`, in order; each one's time is printed beside its budget.
 CI_STAGES := vet build criu test fuzz kube-tools test-integration conformance e2e node-tools e2e-node
+# CI_BUDGETS: what each stage may take, in seconds, on a fresh 2-core machine with cold caches
+# (`hack/fresh.sh -go`, then .ci/run on a clean clone), so that .ci/run stays within 45 minutes of
+# its 90. The first stage pays for compiling the module's dependencies, and kube-tools and
+# node-tools for downloading and compiling Kubernetes: on a warm machine each takes far less. make ci
+# marks a stage over its budget; a change that needs more time takes it from another stage's
+# budget, here, and says why in its commit. Measured as in docs/benchmarks.md ("CI stages").
+CI_BUDGETS := vet:300 build:15 criu:80 test:300 fuzz:200 kube-tools:600 test-integration:100 \
+	conformance:110 e2e:120 node-tools:400 e2e-node:240
 
 .PHONY: help build test vet fuzz ci kube-tools criu node-tools test-integration conformance e2e e2e-node
 
@@ -76,8 +84,8 @@ node-tools: kube-tools ## Also build kubelet, kube-scheduler, kube-controller-ma
 test-integration: kube-tools ## The Kubernetes home and harness on a real kube-apiserver + etcd; never skips.
 	FIBERD_KUBE_REQUIRED=1 $(GO) test -race -count=1 $(TAGGED) ./pkg/home/kubernetes/... ./test/kubeapi/...
 
-conformance: kube-tools ## The agent's promises against every home (the Kubernetes one on a real API server) and backend; never skips the Kubernetes home.
-	FIBERD_KUBE_REQUIRED=1 $(GO) test -race -count=1 -tags integration,testhooks ./test/conformance/...
+conformance: kube-tools ## The agent's promises in the Kubernetes home on a real API server, with every backend (make test holds them in the other homes); never skips.
+	FIBERD_KUBE_REQUIRED=1 $(TEST_ENV) $(GO) test $(TEST_FLAGS) -tags integration,testhooks -run '^TestKubernetesHome$$' ./test/conformance/...
 
 e2e: kube-tools ## A grant Pod end to end: real API server, grant-issuer, fiberd -home kubernetes.
 	FIBERD_KUBE_REQUIRED=1 $(GO) test -count=1 -timeout 20m $(E2E_TAGS) ./test/e2e/...
@@ -85,16 +93,19 @@ e2e: kube-tools ## A grant Pod end to end: real API server, grant-issuer, fiberd
 e2e-node: node-tools ## Grant Pods on a real node (kubelet, containerd, runc, CNI; hack/node-up.sh), as root.
 	FIBERD_KUBE_REQUIRED=1 $(GO) test -count=1 -timeout 15m -v $(NODE_TAGS) ./test/node/...
 
-ci: ## What .ci/run runs: every stage of CI_STAGES, nothing skipped; prints each stage's time.
+ci: ## What .ci/run runs: every stage of CI_STAGES, nothing skipped; prints each stage's time against its budget.
 	@set -e; total=$$SECONDS; \
 	for stage in $(CI_STAGES); do \
 		t=$$SECONDS; \
-		echo "==== make ci: stage $$stage"; \
+		budget=$$(printf '%s\n' $(CI_BUDGETS) | awk -F: -v s=$$stage '$$1 == s {print $$2}'); budget=$${budget:-0}; \
+		echo "==== make ci: stage $$stage (budget $$budget s)"; \
 		if ! $(MAKE) --no-print-directory $$stage; then \
 			echo "==== make ci: stage $$stage FAILED after $$((SECONDS - t)) s"; exit 1; \
 		fi; \
-		times="$$times$$(printf '%-18s %5d s' $$stage $$((SECONDS - t)))\n"; \
-		echo "==== make ci: stage $$stage passed in $$((SECONDS - t)) s"; \
+		took=$$((SECONDS - t)); over=""; \
+		if [ "$$took" -gt "$$budget" ]; then over="  OVER ITS BUDGET"; fi; \
+		times="$$times$$(printf '%-18s %5d s of %5d s%s' $$stage $$took $$budget "$$over")\n"; \
+		echo "==== make ci: stage $$stage passed in $$took s (budget $$budget s)$$over"; \
 	done; \
 	printf '==== make ci: every stage passed in %d s\n%b' $$((SECONDS - total)) "$$times"
 
