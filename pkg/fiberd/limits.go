@@ -2,7 +2,6 @@ package fiberd
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log"
 	"net"
@@ -277,6 +276,3 @@ func closeWrite(c net.Conn) error {
 	}
 	return nil
 }
-
-// errBodyTimeout is a request body not read whole within BodyTimeout: 408.
-var errBodyTimeout = errors.New("request body not received in time")
