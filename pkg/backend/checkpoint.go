@@ -82,7 +82,7 @@ var ErrImageUnusable = errors.New("parked image unusable")
 
 // ErrTooLarge is wrapped by Park when the fiber's memory, the image's size,
 // would be over ParkRequest.MaxBytes. The fiber keeps running.
-var ErrTooLarge = errors.New("fiber too large to park")
+var ErrTooLarge = core.NewError(core.ErrInsufficientStorage, "fiber too large to park")
 
 // ErrNoSpace is wrapped by Park when the dump failed because the image's
 // filesystem is full (ENOSPC, or a disk quota). The fiber keeps running;
@@ -93,7 +93,7 @@ var ErrNoSpace = errors.New("no space left for the image")
 // but could be once it is idle: a connection to its unix listener is open
 // or waiting to be accepted (CRIU cannot dump one end of a unix
 // connection). The fiber keeps running.
-var ErrBusy = errors.New("fiber busy")
+var ErrBusy = core.NewError(core.ErrBusy, "fiber busy")
 
 // ParkRequest asks a Checkpointer to park one running fiber.
 type ParkRequest struct {

@@ -59,3 +59,54 @@ func TestMissKeepsItsCause(t *testing.T) {
 		t.Fatal("a miss without a cause matched a class")
 	}
 }
+
+// TestClassesAreAClosedDistinctSet: each class is listed once, an error
+// wrapping one is in no other, and the causes of a miss are in none.
+func TestClassesAreAClosedDistinctSet(t *testing.T) {
+	classes := Classes()
+	if len(classes) != 8 {
+		t.Fatalf("Classes() has %d classes, want 8: a new class needs its row in pkg/fiberd's wireClasses and this count", len(classes))
+	}
+	for i, a := range classes {
+		wrapped := fmt.Errorf("fiber %q: %w", "x", a)
+		for j, b := range classes {
+			if errors.Is(wrapped, b) != (i == j) {
+				t.Fatalf("errors.Is(%v, %v) = %v", wrapped, b, i != j)
+			}
+		}
+	}
+	for _, cause := range []error{ErrUnverifiable, ErrNoCapacity, ErrDenied, ErrStaleCommit} {
+		for _, c := range classes {
+			if errors.Is(cause, c) {
+				t.Errorf("miss cause %v is in class %v", cause, c)
+			}
+		}
+	}
+	classes[0] = nil
+	if Classes()[0] == nil {
+		t.Fatal("Classes returned its own slice: a caller changed the set")
+	}
+}
+
+// TestNewErrorIsInItsClassAndItself: a sentinel NewError makes reads its
+// message, is in its class and no other, and is told from another
+// sentinel of the same class and message.
+func TestNewErrorIsInItsClassAndItself(t *testing.T) {
+	a := NewError(ErrBusy, "fiber busy")
+	b := NewError(ErrBusy, "fiber busy")
+	err := fmt.Errorf("park: %w", a)
+	if a.Error() != "fiber busy" || err.Error() != "park: fiber busy" {
+		t.Fatalf("messages %q, %q", a.Error(), err.Error())
+	}
+	if !errors.Is(err, a) || !errors.Is(err, ErrBusy) {
+		t.Fatalf("errors.Is(%v, itself or ErrBusy) = false", err)
+	}
+	if errors.Is(err, b) || errors.Is(b, a) {
+		t.Fatal("two sentinels of one class and message matched each other")
+	}
+	for _, c := range Classes() {
+		if c != ErrBusy && errors.Is(err, c) {
+			t.Fatalf("%v is in class %v too", err, c)
+		}
+	}
+}

@@ -19,7 +19,7 @@ import (
 // readBody reads a request body of at most api.MaxRequestBody bytes. A
 // declared Content-Length over the cap is refused before a byte is read;
 // an undeclared one is cut by http.MaxBytesReader at the cap. Both wrap
-// errTooLarge. The body must arrive within the read deadline deadlines set
+// errBodyTooLarge. The body must arrive within the read deadline deadlines set
 // (Limits.BodyTimeout), else errBodyTimeout (408). Once the body is read
 // whole, net/http's background read of the connection starts and lifts that
 // deadline itself, so a long Clone keeps its context
@@ -28,7 +28,7 @@ import (
 func readBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {
 	if r.ContentLength > api.MaxRequestBody {
 		w.Header().Set("Connection", "close")
-		return nil, fmt.Errorf("request body of %d bytes is over the limit of %d: %w", r.ContentLength, api.MaxRequestBody, errTooLarge)
+		return nil, fmt.Errorf("request body of %d bytes is over the limit of %d: %w", r.ContentLength, api.MaxRequestBody, errBodyTooLarge)
 	}
 	body := http.MaxBytesReader(w, r.Body, api.MaxRequestBody)
 	b, err := io.ReadAll(body)
@@ -36,7 +36,7 @@ func readBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {
 		w.Header().Set("Connection", "close")
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {
-			return nil, fmt.Errorf("request body is over the limit of %d bytes: %w", api.MaxRequestBody, errTooLarge)
+			return nil, fmt.Errorf("request body is over the limit of %d bytes: %w", api.MaxRequestBody, errBodyTooLarge)
 		}
 		if errors.Is(err, os.ErrDeadlineExceeded) {
 			return nil, fmt.Errorf("%w: read %d bytes before the deadline", errBodyTimeout, len(b))

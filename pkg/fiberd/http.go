@@ -14,7 +14,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"fiberd.io/fiberd/pkg/api"
-	"fiberd.io/fiberd/pkg/backend"
 	"fiberd.io/fiberd/pkg/core"
 )
 
@@ -282,63 +281,45 @@ func (a *Agent) decode(w http.ResponseWriter, r *http.Request, v any) error {
 	return decodeStrict(b, v)
 }
 
-// writeError maps err to its status and body, the one place errors become
-// HTTP: a *core.Miss is 429 (SHED, with Retry-After) or 503
-// (DEFERRED_FALLBACK), naming the issuer; core.ErrInvalid 400 (413 for an
-// oversized body, 408 for one not received in time);
-// core.ErrUnauthenticated 401; core.ErrNotFound 404;
-// core.ErrTierGap 412; a park that is busy 409 and one without room 507
-// (park.go); anything else 500. It returns the clone outcome.
+// writeError answers err, the one place errors become HTTP, and returns
+// its clone outcome. A *core.Miss is answered first, by its code: 429 for
+// SHED, with Retry-After (the miss's, else Config.RetryAfter, at least one
+// second), or 503 for DEFERRED_FALLBACK, both naming the issuer (the
+// miss's, else Config.Issuer). Any other error is answered by its row of
+// wireClasses, the first its class matches, with its message; one in no
+// class is 500 INTERNAL.
 func (a *Agent) writeError(w http.ResponseWriter, err error) string {
 	if m, ok := core.IsMiss(err); ok {
-		body := api.Error{Code: string(m.Code), Message: m.Reason, Issuer: m.Issuer}
-		if body.Issuer == "" {
-			body.Issuer = a.cfg.Issuer
-		}
-		if m.Code == core.CodeShed {
-			ra := m.RetryAfter
-			if ra <= 0 {
-				ra = a.cfg.RetryAfter
-			}
-			secs := int(math.Ceil(ra.Seconds()))
-			if secs < 1 {
-				secs = 1
-			}
-			body.RetryAfterSeconds = secs
-			w.Header().Set("Retry-After", strconv.Itoa(secs))
-			writeJSON(w, http.StatusTooManyRequests, body)
-			return outcomeShed
-		}
+		return a.writeMiss(w, m)
+	}
+	c := wireClassOf(err)
+	writeJSON(w, c.status, api.Error{Code: c.code, Message: err.Error()})
+	return c.outcome
+}
+
+// writeMiss answers capacity miss m (see writeError) and returns its
+// clone outcome.
+func (a *Agent) writeMiss(w http.ResponseWriter, m *core.Miss) string {
+	body := api.Error{Code: string(m.Code), Message: m.Reason, Issuer: m.Issuer}
+	if body.Issuer == "" {
+		body.Issuer = a.cfg.Issuer
+	}
+	if m.Code != core.CodeShed {
 		writeJSON(w, http.StatusServiceUnavailable, body)
 		return outcomeDeferred
 	}
-	var (
-		status  int
-		code    string
-		outcome string
-	)
-	switch {
-	case errors.Is(err, errBusy), errors.Is(err, backend.ErrBusy):
-		status, code, outcome = http.StatusConflict, api.CodeBusy, outcomeInvalid
-	case errors.Is(err, errNoRoom), errors.Is(err, backend.ErrTooLarge), errors.Is(err, backend.ErrNoSpace):
-		status, code, outcome = http.StatusInsufficientStorage, api.CodeInsufficientStorage, outcomeInvalid
-	case errors.Is(err, errTooLarge):
-		status, code, outcome = http.StatusRequestEntityTooLarge, api.CodeInvalid, outcomeInvalid
-	case errors.Is(err, errBodyTimeout):
-		status, code, outcome = http.StatusRequestTimeout, api.CodeInvalid, outcomeInvalid
-	case errors.Is(err, core.ErrInvalid):
-		status, code, outcome = http.StatusBadRequest, api.CodeInvalid, outcomeInvalid
-	case errors.Is(err, core.ErrUnauthenticated):
-		status, code, outcome = http.StatusUnauthorized, api.CodeUnauthenticated, outcomeUnauthenticated
-	case errors.Is(err, core.ErrNotFound):
-		status, code, outcome = http.StatusNotFound, api.CodeNotFound, outcomeInvalid
-	case errors.Is(err, core.ErrTierGap):
-		status, code, outcome = http.StatusPreconditionFailed, api.CodeTierGap, outcomeTierGap
-	default:
-		status, code, outcome = http.StatusInternalServerError, api.CodeInternal, outcomeInternal
+	ra := m.RetryAfter
+	if ra <= 0 {
+		ra = a.cfg.RetryAfter
 	}
-	writeJSON(w, status, api.Error{Code: code, Message: err.Error()})
-	return outcome
+	secs := int(math.Ceil(ra.Seconds()))
+	if secs < 1 {
+		secs = 1
+	}
+	body.RetryAfterSeconds = secs
+	w.Header().Set("Retry-After", strconv.Itoa(secs))
+	writeJSON(w, http.StatusTooManyRequests, body)
+	return outcomeShed
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {

@@ -3,7 +3,6 @@ package fiberd
 import (
 	"cmp"
 	"context"
-	"errors"
 	"fmt"
 	"log"
 	"net"
@@ -260,6 +259,3 @@ func closeWrite(c net.Conn) error {
 	}
 	return nil
 }
-
-// errBodyTimeout is a request body not read whole within BodyTimeout: 408.
-var errBodyTimeout = errors.New("request body not received in time")

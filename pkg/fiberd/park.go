@@ -108,15 +108,15 @@ const (
 	parkByPressure = "pressure"
 )
 
-// The agent's park errors; writeError maps them (and the backend's
-// ErrBusy, ErrTooLarge and ErrNoSpace) to 409 and 507.
+// The agent's park errors, in the classes of the backend's ErrBusy and
+// ErrTooLarge: core.ErrBusy (409) and core.ErrInsufficientStorage (507).
 var (
 	// errBusy is a park that cannot proceed now: another Clone or park
 	// of the session, or another park of the grant, holds it up past the
 	// park's time.
-	errBusy = errors.New("busy")
+	errBusy = core.NewError(core.ErrBusy, "busy")
 	// errNoRoom is a park refused by ParkLimits.
-	errNoRoom = errors.New("no room for another parked image")
+	errNoRoom = core.NewError(core.ErrInsufficientStorage, "no room for another parked image")
 	// errClosed is a park of a grant that was yielded meanwhile.
 	errClosed = fmt.Errorf("grant not admitted: %w", core.ErrNotFound)
 )

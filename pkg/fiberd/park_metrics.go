@@ -1,19 +1,15 @@
 package fiberd
 
 import (
-	"errors"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-
-	"fiberd.io/fiberd/pkg/backend"
-	"fiberd.io/fiberd/pkg/core"
 )
 
 // Park outcomes, the "outcome" label of fiberd_parks_total.
 const (
 	parkParked  = "parked"
-	parkRefused = "refused" // the fiber runs on: no tier, no session, busy, no room, not found
+	parkRefused = "refused" // the fiber runs on: an error in a class (wireClasses): no tier, no session, busy, no room, not found
 	parkFailed  = "failed"  // CRIU or the disk failed
 )
 
@@ -56,17 +52,15 @@ func newParkMetrics(reg prometheus.Registerer, a *Agent) (*parkMetrics, error) {
 	return m, nil
 }
 
-// parked counts one park that ended with err after took.
+// parked counts one park that ended with err after took: parked when err
+// is nil (and its duration observed), else the park outcome of err's row
+// of wireClasses (refused, or failed for a fault or a full disk).
 func (m *parkMetrics) parked(by string, err error, took time.Duration) {
 	outcome := parkParked
-	switch {
-	case err == nil:
+	if err != nil {
+		outcome = wireClassOf(err).park
+	} else {
 		m.duration.WithLabelValues(by).Observe(took.Seconds())
-	case errors.Is(err, core.ErrTierGap), errors.Is(err, core.ErrInvalid), errors.Is(err, core.ErrNotFound),
-		errors.Is(err, errBusy), errors.Is(err, backend.ErrBusy), errors.Is(err, errNoRoom), errors.Is(err, backend.ErrTooLarge):
-		outcome = parkRefused
-	default:
-		outcome = parkFailed
 	}
 	m.parks.WithLabelValues(by, outcome).Inc()
 }
