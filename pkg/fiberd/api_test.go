@@ -31,6 +31,7 @@ import (
 	"fiberd.io/fiberd/pkg/backend/fake"
 	"fiberd.io/fiberd/pkg/core"
 	"fiberd.io/fiberd/pkg/endpoint"
+	homefake "fiberd.io/fiberd/pkg/home/fake"
 	"fiberd.io/fiberd/pkg/template"
 )
 
@@ -174,7 +175,7 @@ func TestConfigValidate(t *testing.T) {
 	basic := fake.New(core.TierBasic, fake.Hooks{})
 	t.Cleanup(func() { _ = basic.Close() })
 	base := func() Config {
-		return Config{Home: newFakeHome(clocktesting.NewFakeClock(testStart)), Issuer: testIssuer, NodeID: testNode, Keys: &switchKeys{},
+		return Config{Home: newTestHome(clocktesting.NewFakeClock(testStart)), Issuer: testIssuer, NodeID: testNode, Keys: &switchKeys{},
 			Templates: "/t", Basic: basic, StateDir: "/var/lib/fiberd"}
 	}
 	cases := []struct {
@@ -247,15 +248,15 @@ func TestConfigValidate(t *testing.T) {
 // TestNewRefusesAndLeavesParts: a Config Validate refuses leaves the home
 // and backends the caller built untouched: they are still the caller's.
 func TestNewRefusesAndLeavesParts(t *testing.T) {
-	h := newFakeHome(clocktesting.NewFakeClock(testStart))
+	h := newTestHome(clocktesting.NewFakeClock(testStart))
 	b := fake.New(core.TierBasic, fake.Hooks{})
 	_, err := New(context.Background(), Config{Home: h, Issuer: testIssuer, NodeID: testNode, Keys: &switchKeys{},
 		Templates: "/t", Basic: b, StateDir: t.TempDir(), Listen: "127.0.0.1:0"})
 	if err == nil || !strings.Contains(err.Error(), "TLS") || !errors.Is(err, core.ErrInvalid) {
 		t.Fatalf("New with plaintext TCP and no -insecure-plaintext: %v", err)
 	}
-	if h.closed != 0 {
-		t.Errorf("home closed %d times by a refused New, want 0", h.closed)
+	if n := h.Closes(); n != 0 {
+		t.Errorf("home closed %d times by a refused New, want 0", n)
 	}
 	if err := b.Warm(context.Background(), backend.WarmRequest{Grant: core.Grant{UID: "g"}, Spec: template.Spec{Command: "/bin/true"}, RunDir: t.TempDir()}); err != nil {
 		t.Errorf("backend unusable after a refused New: %v", err)
@@ -272,7 +273,7 @@ func TestNewFailsCleanlyWhenTheAddressIsTaken(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer taken.Close()
-	h := newFakeHome(clocktesting.NewFakeClock(testStart))
+	h := newTestHome(clocktesting.NewFakeClock(testStart))
 	b := fake.New(core.TierBasic, fake.Hooks{})
 	state := t.TempDir()
 	_, err = New(context.Background(), Config{Home: h, Issuer: testIssuer, NodeID: testNode, Keys: &switchKeys{},
@@ -280,15 +281,15 @@ func TestNewFailsCleanlyWhenTheAddressIsTaken(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), taken.Addr().String()) {
 		t.Fatalf("New on a taken address: %v, want an error naming %s", err, taken.Addr())
 	}
-	if h.closed != 1 {
-		t.Errorf("home closed %d times, want 1", h.closed)
+	if n := h.Closes(); n != 1 {
+		t.Errorf("home closed %d times, want 1", n)
 	}
 	if _, ok := <-b.Exits(); ok {
 		t.Errorf("backend not closed")
 	}
 	// The unix sockets bound before the TCP listener failed are closed: a
 	// new agent on the same state directory can bind them again.
-	h2 := newFakeHome(clocktesting.NewFakeClock(testStart))
+	h2 := newTestHome(clocktesting.NewFakeClock(testStart))
 	a, err := New(context.Background(), Config{Home: h2, Issuer: testIssuer, NodeID: testNode, Keys: &switchKeys{},
 		Templates: "/t", Basic: fake.New(core.TierBasic, fake.Hooks{}), StateDir: state, Listen: ""})
 	if err != nil {
@@ -301,7 +302,7 @@ func TestNewFailsCleanlyWhenTheAddressIsTaken(t *testing.T) {
 // closed, as the Kubernetes home does while the kubelet has not written
 // the Pod's IP.
 type waitingHome struct {
-	*fakeHome
+	*homefake.Home
 	asked  chan struct{}
 	closed chan struct{}
 	once   sync.Once
@@ -314,7 +315,7 @@ func (h *waitingHome) EndpointHost() string {
 }
 
 func (h *waitingHome) Close() {
-	h.fakeHome.Close()
+	h.Home.Close()
 	h.once.Do(func() { close(h.closed) })
 }
 
@@ -322,7 +323,7 @@ func (h *waitingHome) Close() {
 // (SIGTERM at start) ends the home's wait for its endpoint host, and New
 // fails with the context's cause, leaving nothing open.
 func TestNewStopsWhileTheHomeWaitsForItsAddress(t *testing.T) {
-	h := &waitingHome{fakeHome: newFakeHome(clocktesting.NewFakeClock(testStart)), asked: make(chan struct{}), closed: make(chan struct{})}
+	h := &waitingHome{Home: newTestHome(clocktesting.NewFakeClock(testStart)), asked: make(chan struct{}), closed: make(chan struct{})}
 	b := fake.New(core.TierBasic, fake.Hooks{})
 	ctx, cancel := context.WithCancelCause(context.Background())
 	sigterm := errors.New("SIGTERM")
@@ -366,11 +367,11 @@ func TestTLS(t *testing.T) {
 	cli, cliKey := leafCert(t, ca, caKey, "caller", false)
 	stranger, strangerKey := leafCert(t, sca, scaKey, "stranger", false)
 
-	e := newEnv(t, withHome(func(h *fakeHome) { h.selfUID = "pod-uid-1" }), withConfig(func(c *Config) {
+	e := newEnv(t, withHome(func(c *homefake.Config) { c.SelfAdmitUID = "pod-uid-1" }), withConfig(func(c *Config) {
 		c.InsecurePlaintext = false
 		c.TLSCert, c.TLSKey, c.ClientCA = filepath.Join(dir, "srv.pem"), filepath.Join(dir, "srv.key"), filepath.Join(dir, "ca.pem")
 	}))
-	e.home.own = []byte(e.mint("pod-uid-1"))
+	e.home.SetOwnGrant([]byte(e.mint("pod-uid-1")))
 	roots := x509.NewCertPool()
 	roots.AddCert(sca)
 	client := func(cert *x509.Certificate, key *ecdsa.PrivateKey, maxVersion uint16) *http.Client {
@@ -530,7 +531,7 @@ func TestServeFailureEndsRun(t *testing.T) {
 	if n := len(e.warm.Running("")); n != 0 {
 		t.Errorf("%d fibers run after Run returned", n)
 	}
-	if e.home.closed != 1 {
-		t.Errorf("home closed %d times, want 1", e.home.closed)
+	if n := e.home.Closes(); n != 1 {
+		t.Errorf("home closed %d times, want 1", n)
 	}
 }

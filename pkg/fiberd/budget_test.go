@@ -25,6 +25,7 @@ import (
 	"fiberd.io/fiberd/pkg/backend"
 	"fiberd.io/fiberd/pkg/core"
 	"fiberd.io/fiberd/pkg/endpoint"
+	homefake "fiberd.io/fiberd/pkg/home/fake"
 )
 
 func TestParseSmapsField(t *testing.T) {
@@ -149,7 +150,7 @@ func TestWBudgetCgroup(t *testing.T) {
 	lay(leaf, map[string]string{"cgroup.procs": "", "memory.max": "", "memory.high": "", "memory.oom.group": ""})
 
 	var measured atomic.Int32
-	e := newEnv(t, withHome(func(h *fakeHome) { h.cgroup = root }), func(e *env) {
+	e := newEnv(t, withHome(func(c *homefake.Config) { c.CgroupRoot = root }), func(e *env) {
 		e.measure = func(pids []int) (int64, error) { measured.Add(1); return 1 << 40, nil }
 	})
 	const budget = 16 << 20
@@ -312,7 +313,7 @@ func TestLimitsWhereTheControllersAre(t *testing.T) {
 			var mu sync.Mutex
 			var lines []string
 			logger := funcr.New(func(_, args string) { mu.Lock(); lines = append(lines, args); mu.Unlock() }, funcr.Options{})
-			e := newEnv(t, withHome(func(h *fakeHome) { h.cgroup = root }),
+			e := newEnv(t, withHome(func(c *homefake.Config) { c.CgroupRoot = root }),
 				withConfig(func(c *Config) { c.FiberPidsMax, c.Logger = tc.pidsMax, logger }))
 			e.cloneReq(e.unix, api.CloneRequest{Grant: e.mint("g1")}).clone(t)
 			for file, want := range map[string]string{filepath.Join(leaf, "pids.max"): tc.wantPids, filepath.Join(root, "g1", "cpu.weight"): tc.wantWeight} {

@@ -14,6 +14,7 @@ import (
 	"fiberd.io/fiberd/pkg/backend"
 	"fiberd.io/fiberd/pkg/backend/fake"
 	"fiberd.io/fiberd/pkg/core"
+	homefake "fiberd.io/fiberd/pkg/home/fake"
 )
 
 // TestCloneServes is the served row: a Clone by token admits, warms and
@@ -38,7 +39,7 @@ func TestCloneServes(t *testing.T) {
 	if len(wr.Devices.Devices) != 1 {
 		t.Errorf("template warmed without the home's devices: %+v", wr.Devices)
 	}
-	if !e.home.isReady("g1") {
+	if !e.home.IsReady("g1") {
 		t.Errorf("PublishReady(g1, true) not called")
 	}
 	r = e.cloneReq(e.unix, api.CloneRequest{GrantUID: "g1"})
@@ -70,7 +71,7 @@ func TestCloneOutcomes(t *testing.T) {
 		{"lease expired", func(e *env) api.CloneRequest {
 			uid := e.deliver(e.mint("g1", lease(time.Minute)))
 			e.clk.Step(2 * time.Minute) // the ledger or, once it ran, the lease's timer refuses
-			e.home.health.MarkSync()
+			e.home.Health().MarkSync()
 			return api.CloneRequest{GrantUID: uid}
 		}},
 		{"expired token", func(e *env) api.CloneRequest {
@@ -320,7 +321,7 @@ func TestEpochBumpMidClone(t *testing.T) {
 	go func() { done <- e.cloneReq(e.unix, api.CloneRequest{GrantUID: uid}) }()
 	<-entered
 	before := e.agent.Epoch()
-	e.home.loseScope("pod deleted")
+	e.loseScope("pod deleted")
 	if e.agent.Epoch() != before+1 {
 		t.Fatalf("epoch %d after scope loss, want %d", e.agent.Epoch(), before+1)
 	}
@@ -354,7 +355,7 @@ func TestLeaseExpiryYields(t *testing.T) {
 	e.clk.Step(time.Minute)
 	e.eventually("g1 yielded", func() bool {
 		_, admitted := e.agent.ledger.Grant(uid)
-		return !admitted && len(e.warm.Running(uid)) == 0 && !e.warm.Warmed(uid) && !e.home.isReady(uid)
+		return !admitted && len(e.warm.Running(uid)) == 0 && !e.warm.Warmed(uid) && !e.home.IsReady(uid)
 	})
 	if st := e.status(); len(st.Grants) != 0 {
 		t.Fatalf("status still lists %+v", st.Grants)
@@ -373,7 +374,7 @@ func TestGrantRemovedDenies(t *testing.T) {
 	// Renewal: a new token for the same UID updates the lease, no re-warm.
 	e.clk.Step(10 * time.Second)
 	renewed := e.mint("g1", lease(2*time.Hour))
-	e.home.lane <- homeAdded(uid, renewed)
+	e.home.Deliver(uid, []byte(renewed))
 	e.eventually("lease renewed", func() bool {
 		g, _ := e.agent.ledger.Grant(uid)
 		return g.Expiry.Equal(e.clk.Now().Truncate(time.Second).Add(2 * time.Hour))
@@ -383,7 +384,7 @@ func TestGrantRemovedDenies(t *testing.T) {
 	}
 
 	e.remove(uid)
-	e.eventually("g1 yielded", func() bool { return len(e.warm.Running(uid)) == 0 && !e.home.isReady(uid) })
+	e.eventually("g1 yielded", func() bool { return len(e.warm.Running(uid)) == 0 && !e.home.IsReady(uid) })
 	if r := e.cloneReq(e.unix, api.CloneRequest{Grant: renewed}); r.status != 503 || !strings.Contains(r.apiError(t).Message, "revoked") {
 		t.Fatalf("clone of a removed grant: %d %s, want a miss naming the revocation", r.status, r.body)
 	}
@@ -403,7 +404,7 @@ func TestSupersededTokenKeepsRenewal(t *testing.T) {
 	uid := e.deliver(old)
 	e.clk.Step(10 * time.Second)
 	renewed := e.mint("g1", lease(2*time.Hour))
-	e.home.lane <- homeAdded(uid, renewed)
+	e.home.Deliver(uid, []byte(renewed))
 	want := e.clk.Now().Truncate(time.Second).Add(2 * time.Hour)
 	e.eventually("lease renewed", func() bool {
 		g, _ := e.agent.ledger.Grant(uid)
@@ -478,9 +479,9 @@ func TestReleaseAndPark(t *testing.T) {
 // authenticated callers (the unix socket) only, not over plaintext TCP.
 func TestSelfAdmission(t *testing.T) {
 	var own string
-	e := newEnv(t, withHome(func(h *fakeHome) { h.selfUID = "pod-uid-1"; h.noLane = true }))
+	e := newEnv(t, withHome(func(c *homefake.Config) { c.SelfAdmitUID = "pod-uid-1"; c.NoLane = true }))
 	own = e.mint("pod-uid-1")
-	e.home.own = []byte(own)
+	e.home.SetOwnGrant([]byte(own))
 	// A token of another grant is replaced by the home's own, too.
 	for _, req := range []api.CloneRequest{{GrantUID: "pod-uid-1"}, {Grant: e.mintWith(e.other, "pod-uid-1")}} {
 		r := e.cloneReq(e.tcp, req)
@@ -511,12 +512,12 @@ func TestRestartBumpsEpoch(t *testing.T) {
 	if len(e.warm.Running("")) != 0 {
 		t.Fatal("fibers survive the drain")
 	}
-	if e.home.closed != 1 {
-		t.Fatalf("home closed %d times, want 1", e.home.closed)
+	if n := e.home.Closes(); n != 1 {
+		t.Fatalf("home closed %d times, want 1", n)
 	}
 	e.warm = fake.New(core.TierWarm, fake.Hooks{})
 	e.basic = fake.New(core.TierBasic, fake.Hooks{})
-	e.home = newFakeHome(e.clk)
+	e.home = newTestHome(e.clk)
 	e.cfg.Home, e.cfg.Warm, e.cfg.Basic = e.home, e.warm, e.basic
 	e.cfg.Registry = nil
 	e.start()

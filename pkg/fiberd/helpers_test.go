@@ -18,13 +18,14 @@ import (
 	"github.com/go-jose/go-jose/v4"
 	"github.com/go-logr/logr/testr"
 	"go.uber.org/goleak"
+	"k8s.io/utils/clock"
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"fiberd.io/fiberd/pkg/api"
 	"fiberd.io/fiberd/pkg/backend/fake"
 	"fiberd.io/fiberd/pkg/core"
 	"fiberd.io/fiberd/pkg/grant"
-	"fiberd.io/fiberd/pkg/home"
+	homefake "fiberd.io/fiberd/pkg/home/fake"
 	"fiberd.io/fiberd/pkg/template"
 )
 
@@ -39,111 +40,22 @@ const (
 
 var testStart = time.Date(2026, 11, 7, 12, 0, 0, 0, time.UTC)
 
-// fakeHome is an in-memory home.Home for the agent's tests: grants arrive on
-// Lane, health is a SourceHealth on the test's clock, readiness calls are
-// recorded. It is a ScopeLoser and an IssuerOverrider.
-type fakeHome struct {
-	health  *core.SourceHealth
-	lane    chan home.GrantEvent
-	own     []byte
-	selfUID string
-	noLane  bool
-	cgroup  string // CgroupRoot; "" for none
-
-	mu        sync.Mutex
-	ready     map[string]bool
-	published []string
-	scopeFn   func(context.Context, string)
-	closed    int
-	devErr    error
-	released  int
-}
-
-func newFakeHome(clk *clocktesting.FakeClock) *fakeHome {
-	return &fakeHome{
-		health: core.NewSourceHealth(30*time.Second, clk),
-		lane:   make(chan home.GrantEvent, 16),
-		ready:  map[string]bool{},
-	}
-}
-
+// The fake home satisfies the agent's optional home interfaces the tests
+// rely on (it cannot say so itself: it does not import this package).
 var (
-	_ home.Home       = (*fakeHome)(nil)
-	_ ScopeLoser      = (*fakeHome)(nil)
-	_ IssuerOverrider = (*fakeHome)(nil)
+	_ ScopeLoser      = (*homefake.Home)(nil)
+	_ IssuerOverrider = (*homefake.Home)(nil)
 )
 
-func (h *fakeHome) Name() string { return "fake" }
-func (h *fakeHome) Grants(ctx context.Context) (<-chan home.GrantEvent, error) {
-	if h.noLane {
-		return nil, nil
-	}
-	return h.lane, nil
+// testHomeConfig is the fake home's configuration for the agent's tests:
+// health on clk, and /dev/null as the one static device every grant gets.
+func testHomeConfig(clk clock.PassiveClock) homefake.Config {
+	return homefake.Config{Clock: clk, Devices: []string{"/dev/null"}}
 }
-func (h *fakeHome) Health() *core.SourceHealth { return h.health }
-func (h *fakeHome) CgroupRoot() string         { return h.cgroup }
-func (h *fakeHome) Devices(ctx context.Context, g core.Grant) (core.DeviceChannel, func(), error) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if h.devErr != nil {
-		return core.DeviceChannel{}, nil, h.devErr
-	}
-	return core.DeviceChannel{Kind: core.DeviceKindStatic, Devices: []string{"/dev/null"}}, func() {
-		h.mu.Lock()
-		h.released++
-		h.mu.Unlock()
-	}, nil
-}
-func (h *fakeHome) PublishReady(ctx context.Context, uid string, ready bool) error {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	h.ready[uid] = ready
-	h.published = append(h.published, fmt.Sprintf("%s=%v", uid, ready))
-	return nil
-}
-func (h *fakeHome) Ready() bool {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	for _, r := range h.ready {
-		if r {
-			return true
-		}
-	}
-	return false
-}
-func (h *fakeHome) Scope() []core.ScopeClaim {
-	return []core.ScopeClaim{{Name: "node", Value: testNode}}
-}
-func (h *fakeHome) OwnGrant() ([]byte, bool) { return h.own, h.own != nil }
-func (h *fakeHome) SelfAdmitUID() string     { return h.selfUID }
-func (h *fakeHome) Run(ctx context.Context)  { <-ctx.Done() }
-func (h *fakeHome) Close() {
-	h.mu.Lock()
-	h.closed++
-	h.mu.Unlock()
-}
-func (h *fakeHome) OnScopeLost(fn func(context.Context, string)) {
-	h.mu.Lock()
-	h.scopeFn = fn
-	h.mu.Unlock()
-}
-func (h *fakeHome) SetIssuerReachable(ok bool) {
-	if ok {
-		h.health.Resume()
-	} else {
-		h.health.MarkUnreachable()
-	}
-}
-func (h *fakeHome) loseScope(reason string) {
-	h.mu.Lock()
-	fn := h.scopeFn
-	h.mu.Unlock()
-	fn(context.Background(), reason)
-}
-func (h *fakeHome) isReady(uid string) bool {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	return h.ready[uid]
+
+// newTestHome is a fake home on testHomeConfig(clk).
+func newTestHome(clk clock.PassiveClock) *homefake.Home {
+	return homefake.New(testHomeConfig(clk))
 }
 
 // switchKeys is a KeySource whose keys can be made unverifiable.
@@ -173,7 +85,8 @@ func (s *switchKeys) setDown(d bool) {
 type env struct {
 	t        testing.TB
 	clk      *clocktesting.FakeClock
-	home     *fakeHome
+	homeCfg  homefake.Config // what newEnv builds home from, after the options
+	home     *homefake.Home
 	warm     *fake.Backend
 	basic    *fake.Backend
 	keys     *switchKeys
@@ -209,8 +122,9 @@ func withConfig(f func(*Config)) envOption {
 	return func(e *env) { f(&e.cfg) }
 }
 
-func withHome(f func(*fakeHome)) envOption {
-	return func(e *env) { f(e.home) }
+// withHome changes the fake home's configuration before newEnv builds it.
+func withHome(f func(*homefake.Config)) envOption {
+	return func(e *env) { f(&e.homeCfg) }
 }
 
 // newEnv builds and runs an agent on a fake home, fake backends and a fake
@@ -218,7 +132,7 @@ func withHome(f func(*fakeHome)) envOption {
 func newEnv(t testing.TB, opts ...envOption) *env {
 	t.Helper()
 	e := &env{t: t, clk: clocktesting.NewFakeClock(testStart)}
-	e.home = newFakeHome(e.clk)
+	e.homeCfg = testHomeConfig(e.clk)
 	e.warm = fake.New(core.TierWarm, fake.Hooks{})
 	e.basic = fake.New(core.TierBasic, fake.Hooks{})
 
@@ -255,6 +169,7 @@ func newEnv(t testing.TB, opts ...envOption) *env {
 	for _, o := range opts {
 		o(e)
 	}
+	e.home = homefake.New(e.homeCfg)
 	e.cfg.Home = e.home
 	if e.warm != nil {
 		e.cfg.Warm = e.warm
@@ -272,10 +187,6 @@ func noWarm() envOption {
 		_ = e.warm.Close()
 		e.warm = nil
 	}
-}
-
-func homeAdded(uid, token string) home.GrantEvent {
-	return home.GrantEvent{Kind: home.GrantAdded, UID: uid, Token: []byte(token), Path: uid + ".jwt"}
 }
 
 // start runs a fresh agent on e.cfg.
@@ -378,13 +289,24 @@ func (e *env) deliver(token string) string {
 	e.t.Helper()
 	uid, err := grant.PeekUID([]byte(token))
 	must(e.t, err)
-	e.home.lane <- homeAdded(uid, token)
-	e.eventually("grant "+uid+" warm", func() bool { return e.agent.isWarm(uid) && e.home.isReady(uid) })
+	e.home.Deliver(uid, []byte(token))
+	e.eventually("grant "+uid+" warm", func() bool { return e.agent.isWarm(uid) && e.home.IsReady(uid) })
 	return uid
 }
 
+// remove puts a GrantRemoved of uid on the lane.
 func (e *env) remove(uid string) {
-	e.home.lane <- home.GrantEvent{Kind: home.GrantRemoved, UID: uid, Path: uid + ".jwt"}
+	e.home.Remove(uid)
+}
+
+// loseScope makes the fake home lose its scope with reason, and returns
+// once the agent's handler did. It fails the test if the agent registered
+// no handler.
+func (e *env) loseScope(reason string) {
+	e.t.Helper()
+	if !e.home.LoseScope(context.Background(), reason) {
+		e.t.Fatalf("losing the scope (%s): the agent registered no handler", reason)
+	}
 }
 
 // eventually polls cond for up to 10 s of wall time.

@@ -19,6 +19,7 @@ import (
 	"fiberd.io/fiberd/pkg/backend"
 	"fiberd.io/fiberd/pkg/backend/fake"
 	"fiberd.io/fiberd/pkg/core"
+	homefake "fiberd.io/fiberd/pkg/home/fake"
 	"fiberd.io/fiberd/pkg/procrec"
 )
 
@@ -66,7 +67,7 @@ func TestHungTemplateDelaysNobody(t *testing.T) {
 	e := newEnv(t, withHooks(fake.Hooks{Warm: h.warm}))
 	dies := e.deliver(e.mint("dies"))
 
-	e.home.lane <- homeAdded("hung", e.mint("hung"))
+	e.home.Deliver("hung", []byte(e.mint("hung")))
 	<-h.entered
 	other := e.deliver(e.mint("other")) // fails today: the lane waits for "hung"
 	if r := e.cloneReq(e.unix, api.CloneRequest{GrantUID: other}); r.status != http.StatusOK {
@@ -133,7 +134,7 @@ func (e *env) await(what string, ch <-chan reply, step time.Duration) reply {
 func TestCloneAnswersWithinItsDeadline(t *testing.T) {
 	h := newHung(t, "hung", "slow")
 	e := newEnv(t, withHooks(fake.Hooks{Warm: h.warm}))
-	e.home.lane <- homeAdded("hung", e.mint("hung"))
+	e.home.Deliver("hung", []byte(e.mint("hung")))
 	<-h.entered
 
 	r := e.await("clone of a new grant beside a hung one", e.cloneAsync(api.CloneRequest{Grant: e.mint("fresh"), DeadlineMs: 50}), 0)
@@ -189,7 +190,7 @@ func TestRefusedClonesMintNoFence(t *testing.T) {
 		}
 		return nil
 	}}))
-	e.home.lane <- homeAdded("g1", e.mint("g1"))
+	e.home.Deliver("g1", []byte(e.mint("g1")))
 	e.eventually("g1 admitted cold", func() bool { _, ok := e.agent.ledger.Grant("g1"); return ok })
 	for i := 0; i < 20; i++ {
 		if r := e.cloneReq(e.unix, api.CloneRequest{GrantUID: "g1"}); r.status != http.StatusServiceUnavailable {
@@ -229,7 +230,7 @@ func (e *env) restart() {
 	e.stop()
 	e.warm = fake.New(core.TierWarm, fake.Hooks{})
 	e.basic = fake.New(core.TierBasic, fake.Hooks{})
-	e.home = newFakeHome(e.clk)
+	e.home = newTestHome(e.clk)
 	e.cfg.Home, e.cfg.Warm, e.cfg.Basic = e.home, e.warm, e.basic
 	e.cfg.Registry = nil
 	e.start()
@@ -309,7 +310,7 @@ func TestNewSweepsOnlyCgroupsUnderItsRoot(t *testing.T) {
 		must(t, err)
 	}
 
-	newEnv(t, withHome(func(h *fakeHome) { h.cgroup = root }), func(e *env) {
+	newEnv(t, withHome(func(c *homefake.Config) { c.CgroupRoot = root }), func(e *env) {
 		e.stateDir, e.cfg.StateDir = state, state
 	})
 	for name, dir := range dirs {

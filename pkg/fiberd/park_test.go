@@ -407,7 +407,7 @@ func TestParkedSessionLifecycle(t *testing.T) {
 	})
 	t.Run("epoch", func(t *testing.T) {
 		e, uid, c := setup(t)
-		e.home.loseScope("test")
+		e.loseScope("test")
 		gone(e, "the epoch bump")
 		if g := e.grantStatus(uid); g.Parked != 0 {
 			t.Fatalf("parked %d after the epoch bump", g.Parked)
@@ -485,7 +485,7 @@ func TestResumeAfterTemplateChange(t *testing.T) {
 	other := writeTemplate(t, e.cfg.Templates, "other", `{"command":"/bin/false","zygote":true}`)
 	tok := e.mint("g1", templ(other), issuedAt(e.clk.Now().Add(time.Second)))
 	e.clk.Step(2 * time.Second)
-	e.home.lane <- homeAdded(uid, tok)
+	e.home.Deliver(uid, []byte(tok))
 	e.eventually("the image of the old template deleted", func() bool { return len(e.images()) == 0 })
 	e.eventually("the new template warm", func() bool {
 		for _, g := range e.status().Grants {

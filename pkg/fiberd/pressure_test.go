@@ -15,6 +15,7 @@ import (
 	"fiberd.io/fiberd/pkg/api"
 	"fiberd.io/fiberd/pkg/cgroup"
 	"fiberd.io/fiberd/pkg/core"
+	homefake "fiberd.io/fiberd/pkg/home/fake"
 )
 
 // fakePSI is a cgroup root faked in a temp dir: <dir>/<uid>/memory.pressure
@@ -283,7 +284,7 @@ func TestPressureRealCgroup(t *testing.T) {
 		mu.Unlock()
 		return p, ok, err
 	}
-	e := newEnv(t, withHome(func(h *fakeHome) { h.cgroup = root }),
+	e := newEnv(t, withHome(func(c *homefake.Config) { c.CgroupRoot = root }),
 		withConfig(func(c *Config) { c.PressureThreshold = DefaultPressureThreshold }),
 		func(e *env) { e.pressure = spy })
 	uid := e.deliver(e.mint("g1"))

@@ -47,7 +47,7 @@ func TestSparesRenewal(t *testing.T) {
 	e := newEnv(t)
 	uid := e.deliver(e.mint("g1", warmFibers(2)))
 	e.clk.Step(10 * time.Second)
-	e.home.lane <- homeAdded(uid, e.mint("g1", warmFibers(6), maxFibers(10), lease(2*time.Hour)))
+	e.home.Deliver(uid, []byte(e.mint("g1", warmFibers(6), maxFibers(10), lease(2*time.Hour))))
 	e.eventually("spares set from the renewal", func() bool {
 		w, m, _ := e.warm.SpareSettings(uid)
 		return w == 6 && m == 10
@@ -59,7 +59,7 @@ func TestSparesRenewal(t *testing.T) {
 		t.Fatalf("status spares after the renewal = %+v, want warm 6", sp)
 	}
 	e.clk.Step(10 * time.Second)
-	e.home.lane <- homeAdded(uid, e.mint("g1", warmFibers(0), maxFibers(10), lease(3*time.Hour)))
+	e.home.Deliver(uid, []byte(e.mint("g1", warmFibers(0), maxFibers(10), lease(3*time.Hour))))
 	e.eventually("spares ended by the renewal", func() bool {
 		w, _, _ := e.warm.SpareSettings(uid)
 		return w == 0
@@ -73,7 +73,7 @@ func TestSparesEpochBump(t *testing.T) {
 	if n := e.warm.Renewed(uid); n != 0 {
 		t.Fatalf("spares renewed %d times before any bump", n)
 	}
-	e.home.loseScope("pod deleted")
+	e.loseScope("pod deleted")
 	if n := e.warm.Renewed(uid); n != 1 {
 		t.Fatalf("spares renewed %d times after an epoch bump, want 1", n)
 	}
@@ -90,7 +90,7 @@ func TestSparesTemplateChange(t *testing.T) {
 	}
 	other := writeTemplate(t, e.cfg.Templates, "other", `{"command":"/bin/false","zygote":true}`)
 	e.clk.Step(2 * time.Second)
-	e.home.lane <- homeAdded(uid, e.mint("g1", templ(other), warmFibers(3), maxFibers(10), issuedAt(e.clk.Now())))
+	e.home.Deliver(uid, []byte(e.mint("g1", templ(other), warmFibers(3), maxFibers(10), issuedAt(e.clk.Now()))))
 	e.eventually("the new template warm, with the renewal's spares", func() bool {
 		for _, g := range e.status().Grants {
 			if g.UID == uid && g.Warm && g.Template == other {

@@ -21,6 +21,7 @@ import (
 	"fiberd.io/fiberd/pkg/api"
 	"fiberd.io/fiberd/pkg/backend/fake"
 	"fiberd.io/fiberd/pkg/core"
+	homefake "fiberd.io/fiberd/pkg/home/fake"
 	"fiberd.io/fiberd/pkg/procrec"
 )
 
@@ -186,7 +187,7 @@ func bareConfig(t *testing.T, state string) Config {
 	t.Helper()
 	clk := clocktesting.NewFakeClock(testStart)
 	return Config{
-		Home: newFakeHome(clk), Issuer: testIssuer, NodeID: testNode, Keys: &switchKeys{},
+		Home: newTestHome(clk), Issuer: testIssuer, NodeID: testNode, Keys: &switchKeys{},
 		Templates: t.TempDir(), Warm: fake.New(core.TierWarm, fake.Hooks{}), Basic: fake.New(core.TierBasic, fake.Hooks{}),
 		StateDir: state, Clock: clk, Logger: testr.NewWithInterface(t, testr.Options{Verbosity: 1}),
 	}
@@ -270,8 +271,8 @@ func TestNewRefusesAStateDirOfAnotherUser(t *testing.T) {
 			if !strings.Contains(err.Error(), state) || !strings.Contains(err.Error(), want) {
 				t.Errorf("New: %v, want an error naming %s and saying %q", err, state, want)
 			}
-			if h := cfg.Home.(*fakeHome); h.closed != 1 {
-				t.Errorf("home closed %d times by a failed New, want 1", h.closed)
+			if n := cfg.Home.(*homefake.Home).Closes(); n != 1 {
+				t.Errorf("home closed %d times by a failed New, want 1", n)
 			}
 		})
 	}

@@ -2,6 +2,8 @@ package fake
 
 import (
 	"context"
+	"strconv"
+	"sync"
 	"testing"
 
 	"fiberd.io/fiberd/pkg/core"
@@ -50,9 +52,97 @@ func TestFakeHome(t *testing.T) {
 	if !h.Health().Healthy() {
 		t.Fatal("unhealthy after SetIssuerReachable(true)")
 	}
+	if h.Closed() || h.Closes() != 0 {
+		t.Fatalf("closed (%d) before Close", h.Closes())
+	}
 	h.Close()
 	h.Close()
-	if !h.Closed() {
-		t.Fatal("not closed")
+	if !h.Closed() || h.Closes() != 2 {
+		t.Fatalf("Closed() = %v, Closes() = %d after two Closes, want true, 2", h.Closed(), h.Closes())
+	}
+}
+
+// TestNoLane: a home without a lane hands the agent a nil channel and no
+// error, and refuses to queue events nothing would read.
+func TestNoLane(t *testing.T) {
+	h := New(Config{NoLane: true})
+	lane, err := h.Grants(context.Background())
+	if lane != nil || err != nil {
+		t.Fatalf("Grants = %v, %v, want nil, nil", lane, err)
+	}
+	for name, send := range map[string]func(){
+		"Deliver": func() { h.Deliver("g1", []byte("tok")) },
+		"Remove":  func() { h.Remove("g1") },
+	} {
+		func() {
+			defer func() {
+				if recover() == nil {
+					t.Errorf("%s on a home without a lane did not panic", name)
+				}
+			}()
+			send()
+		}()
+	}
+}
+
+// TestOwnGrant: the own grant and self-admission UID are Config's until
+// SetOwnGrant replaces the token; neither the Config's slice nor the one
+// given to SetOwnGrant is kept, so the caller may reuse them.
+func TestOwnGrant(t *testing.T) {
+	if own, ok := New(Config{}).OwnGrant(); ok || own != nil {
+		t.Fatalf("OwnGrant of a default home = %q, %v, want none", own, ok)
+	}
+	if uid := New(Config{}).SelfAdmitUID(); uid != "" {
+		t.Fatalf("SelfAdmitUID of a default home = %q, want none", uid)
+	}
+	first := []byte("tok-1")
+	h := New(Config{SelfAdmitUID: "pod-1", OwnGrant: first})
+	first[0] = 'X'
+	if own, ok := h.OwnGrant(); !ok || string(own) != "tok-1" {
+		t.Fatalf("OwnGrant = %q, %v, want tok-1", own, ok)
+	}
+	if uid := h.SelfAdmitUID(); uid != "pod-1" {
+		t.Fatalf("SelfAdmitUID = %q, want pod-1", uid)
+	}
+	second := []byte("tok-2")
+	h.SetOwnGrant(second)
+	second[0] = 'X'
+	if own, ok := h.OwnGrant(); !ok || string(own) != "tok-2" {
+		t.Fatalf("OwnGrant after SetOwnGrant = %q, %v, want tok-2", own, ok)
+	}
+	h.SetOwnGrant(nil)
+	if own, ok := h.OwnGrant(); ok || own != nil {
+		t.Fatalf("OwnGrant after SetOwnGrant(nil) = %q, %v, want none", own, ok)
+	}
+}
+
+// TestConcurrentUse: the test's setters and the agent's calls may run on
+// different goroutines (run with -race).
+func TestConcurrentUse(t *testing.T) {
+	h := New(Config{})
+	var wg sync.WaitGroup
+	for i := range 4 {
+		uid := "g" + strconv.Itoa(i)
+		wg.Go(func() {
+			for range 100 {
+				h.SetOwnGrant([]byte(uid))
+				_ = h.PublishReady(context.Background(), uid, true)
+				h.OnScopeLost(func(context.Context, string) {})
+				h.Close()
+			}
+		})
+		wg.Go(func() {
+			for range 100 {
+				h.OwnGrant()
+				h.IsReady(uid)
+				h.Ready()
+				h.LoseScope(context.Background(), "x")
+				h.Closes()
+			}
+		})
+	}
+	wg.Wait()
+	if got := h.Closes(); got != 400 {
+		t.Fatalf("Closes() = %d after 400 concurrent Closes", got)
 	}
 }
