@@ -3,6 +3,7 @@ package core
 import (
 	"context"
 	"fmt"
+	"maps"
 	"sort"
 	"sync"
 	"time"
@@ -53,23 +54,42 @@ type ledgerEntry struct {
 // Ledger is the agent's account of admitted grants and their running
 // fibers. It enforces a grant's fibers.max with reservations made before the
 // runtime works, so a burst can never exceed it; it refuses to commit a fiber
-// whose grant entry or epoch changed during the fork; and it keeps the
-// deny-list of grants their lane revoked.
+// whose grant entry or epoch changed during the fork; and it is the one
+// account of revocations: grants their lane revoked, each until an end time,
+// refused until Lift.
 //
-// The ledger does no I/O and never blocks on the runtime: callers reserve,
-// fork outside the lock, then commit or cancel. Session gates (LockSession)
-// serialise Clones of one session so only one creates it and the rest
-// attach; a Clone waits for a gate only until its context ends. A Ledger is
-// safe for concurrent use.
+// The ledger never blocks on the runtime, and its lock is never held across
+// I/O: callers reserve, fork outside the lock, then commit or cancel. The
+// only I/O it does is the revocations' persistence through its
+// RevocationStore, which Deny and Lift call after the change is made in
+// memory and the lock released; a separate writer lock serialises those
+// writes, so a reader of the ledger never waits for the disk. Session gates
+// (LockSession) serialise Clones of one session so only one creates it and
+// the rest attach; a Clone waits for a gate only until its context ends. A
+// Ledger is safe for concurrent use.
+//
+// Lock order inside the ledger: storeMu -> mu; gateMu is taken alone.
 type Ledger struct {
 	mu     sync.Mutex
 	epoch  uint64
 	grants map[string]*ledgerEntry
-	denied map[string]bool
+	// revoked maps each revoked grant UID to the end of its revocation,
+	// and revVersion counts its changes; both guarded by mu.
+	revoked    map[string]time.Time
+	revVersion uint64
 	// yielded is the last seq of each grant yielded in this epoch, so a
 	// grant admitted again continues its sequence: a fence is never minted
 	// twice in one epoch, and an old fiber id can never name a new fiber.
 	yielded map[string]uint64
+
+	// store persists revoked; nil keeps revocations in memory only. It is
+	// set once by OpenLedger.
+	store RevocationStore
+	// storeMu serialises the store's Saves. It is held across a Save and
+	// guards saved; only saveRevocations takes it, so no reader of the
+	// ledger ever waits for the disk.
+	storeMu sync.Mutex
+	saved   uint64 // the revVersion the store holds
 
 	gateMu sync.Mutex
 	gates  map[string]*gate
@@ -82,15 +102,39 @@ type gate struct {
 	refs  int           // callers holding or waiting for it; guarded by gateMu
 }
 
-// NewLedger returns an empty ledger at epoch.
+// NewLedger returns an empty ledger at epoch whose revocations are kept in
+// memory only.
 func NewLedger(epoch uint64) *Ledger {
 	return &Ledger{
 		epoch:   epoch,
 		grants:  make(map[string]*ledgerEntry),
-		denied:  make(map[string]bool),
+		revoked: make(map[string]time.Time),
 		yielded: make(map[string]uint64),
 		gates:   make(map[string]*gate),
 	}
+}
+
+// OpenLedger returns an empty ledger at epoch that persists its revocations
+// in store, starting from those store holds that end after now (ended ones
+// are dropped; the store keeps them until the next write). A nil store is
+// NewLedger. It fails with the store's error when the revocations cannot be
+// loaded: a revocation must not be forgotten silently.
+func OpenLedger(epoch uint64, store RevocationStore, now time.Time) (*Ledger, error) {
+	l := NewLedger(epoch)
+	if store == nil {
+		return l, nil
+	}
+	revs, err := store.Load()
+	if err != nil {
+		return nil, err
+	}
+	for uid, until := range revs {
+		if now.Before(until) {
+			l.revoked[uid] = until
+		}
+	}
+	l.store = store
+	return l, nil
 }
 
 // Epoch is the epoch new fences are minted in.
@@ -128,7 +172,7 @@ func (l *Ledger) SetEpoch(epoch uint64) []Fiber {
 func (l *Ledger) Admit(g Grant) (added bool, err error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.denied[g.UID] {
+	if _, ok := l.revoked[g.UID]; ok {
 		return false, fmt.Errorf("grant %q: %w", g.UID, ErrDenied)
 	}
 	if e, ok := l.grants[g.UID]; ok {
@@ -169,25 +213,88 @@ func (l *Ledger) Yield(uid string) []Fiber {
 	return out
 }
 
-// Deny puts uid on the deny-list: it cannot be admitted until Lift.
-func (l *Ledger) Deny(uid string) {
+// Deny revokes uid until the given end: Admit refuses it and Reserve misses
+// it from now on, until Lift. An end already recorded that is not earlier
+// is kept. The revocation is in force in memory before Deny writes the
+// store, and stays in force when the write fails; the error is then the
+// store's (the previous saved state is left as it was), and a later Deny or
+// Lift writes again. It returns once its change is written, by it or by a
+// concurrent call (a change is not written twice), or the write failed; it
+// waits for the disk, so a caller holds none of its own locks across it.
+func (l *Ledger) Deny(uid string, until time.Time) error {
 	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.denied[uid] = true
+	if old, ok := l.revoked[uid]; !ok || old.Before(until) {
+		l.revoked[uid] = until
+		l.revVersion++
+	}
+	l.mu.Unlock()
+	return l.saveRevocations()
 }
 
-// Lift takes uid off the deny-list, as when the lane delivers it again.
-func (l *Ledger) Lift(uid string) {
+// Lift ends uid's revocation, as when the lane delivers it again or the
+// revocation's end passed, and writes the store as Deny does, returning its
+// error. It reports whether uid was revoked.
+func (l *Ledger) Lift(uid string) (bool, error) {
 	l.mu.Lock()
-	defer l.mu.Unlock()
-	delete(l.denied, uid)
+	_, was := l.revoked[uid]
+	if was {
+		delete(l.revoked, uid)
+		l.revVersion++
+	}
+	l.mu.Unlock()
+	return was, l.saveRevocations()
 }
 
-// Denied reports whether uid is on the deny-list.
+// Denied reports whether uid is revoked, whatever its end: a revocation ends
+// only by Lift (the caller lifts it once its end passes) or, across a
+// restart, by OpenLedger dropping it.
 func (l *Ledger) Denied(uid string) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return l.denied[uid]
+	_, ok := l.revoked[uid]
+	return ok
+}
+
+// DeniedUntil is the end of uid's revocation, and whether uid is revoked.
+func (l *Ledger) DeniedUntil(uid string) (time.Time, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	until, ok := l.revoked[uid]
+	return until, ok
+}
+
+// Revocations is every revocation, a grant UID to its end; the caller owns
+// the map.
+func (l *Ledger) Revocations() map[string]time.Time {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return maps.Clone(l.revoked)
+}
+
+// saveRevocations writes the revocations to the store when the store holds
+// an older version of them. Concurrent calls write in turn under storeMu; a
+// call that finds its change already written by another returns at once. mu
+// is held only to copy the map, never across the Save. Without a store it
+// does nothing.
+func (l *Ledger) saveRevocations() error {
+	if l.store == nil {
+		return nil
+	}
+	l.storeMu.Lock()
+	defer l.storeMu.Unlock()
+	l.mu.Lock()
+	v := l.revVersion
+	if v <= l.saved {
+		l.mu.Unlock()
+		return nil
+	}
+	revs := maps.Clone(l.revoked)
+	l.mu.Unlock()
+	if err := l.store.Save(revs); err != nil {
+		return err
+	}
+	l.saved = v
+	return nil
 }
 
 // LockSession takes the gate of (uid, session) and returns its unlock. Hold
@@ -240,7 +347,7 @@ func (l *Ledger) LockSession(ctx context.Context, uid, session string) (unlock f
 func (l *Ledger) Reserve(uid, session string, now time.Time) (res *Reservation, attach *Fiber, err error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.denied[uid] {
+	if _, ok := l.revoked[uid]; ok {
 		return nil, nil, fmt.Errorf("grant %q revoked: %w", uid, ErrNoCapacity)
 	}
 	e, ok := l.grants[uid]

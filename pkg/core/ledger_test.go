@@ -230,14 +230,18 @@ func TestLedgerDenyUntilLifted(t *testing.T) {
 	l := NewLedger(1)
 	l.Admit(testGrant("g", 1))
 	l.Yield("g")
-	l.Deny("g")
+	if err := l.Deny("g", t0.Add(time.Hour)); err != nil {
+		t.Fatalf("Deny without a store: %v", err)
+	}
 	if _, err := l.Admit(testGrant("g", 1)); !errors.Is(err, ErrDenied) {
 		t.Fatalf("admit of a denied grant: %v, want ErrDenied", err)
 	}
 	if _, _, err := l.Reserve("g", "", t0); !errors.Is(err, ErrNoCapacity) {
 		t.Fatalf("clone of a denied grant: %v, want ErrNoCapacity", err)
 	}
-	l.Lift("g")
+	if was, err := l.Lift("g"); !was || err != nil {
+		t.Fatalf("Lift of a denied grant: %v, %v; want true, nil", was, err)
+	}
 	if added, err := l.Admit(testGrant("g", 1)); err != nil || !added {
 		t.Fatalf("admit after Lift: %v, %v", added, err)
 	}

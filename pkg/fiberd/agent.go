@@ -71,9 +71,6 @@ type Agent struct {
 	tcpAuth  bool // callers on apiTCP present verified client certificates
 	stopping chan struct{}
 
-	// deny is the revocations, persisted in StateDir/private/denied.json;
-	// the ledger holds the same set.
-	deny *denyList
 	// recs records the processes the backends start outside cgroups and
 	// the grants' cgroups, in StateDir/private/procs: what a crash leaves
 	// is ended by the next New.
@@ -88,9 +85,8 @@ type Agent struct {
 	// one after it is held; docs/architecture.md, Locks, draws it):
 	//
 	//	session gate (Ledger.LockSession) -> park turn (parking.turn) ->
-	//	epochMu -> mu -> slot.mu -> (the ledger's, parking's, the deny
-	//	list's and the backends' own locks, each taken and released inside
-	//	one call)
+	//	epochMu -> mu -> slot.mu -> (the ledger's, parking's and the
+	//	backends' own locks, each taken and released inside one call)
 	//
 	// The two gates are held across work on purpose, each bounded by its
 	// caller's context: a Clone holds its session's gate across the fork
@@ -101,8 +97,9 @@ type Agent struct {
 	// No lock of the agent is held across I/O, a process start, or a call
 	// into the home, a backend or the verifier, with two exceptions that
 	// guard nothing anyone else reads: epochMu, held across the epoch
-	// file's write so the file and the ledger move in step, and
-	// denyList.writeMu, held across the revocations file's write.
+	// file's write so the file and the ledger move in step, and the
+	// ledger's storeMu, held across the revocations file's write (so
+	// Ledger.Deny and Lift are never called with a lock of the agent held).
 
 	// epochMu keeps epoch bumps and the ledger's epoch in step.
 	epochMu sync.Mutex
@@ -231,13 +228,10 @@ func New(ctx context.Context, cfg Config) (a *Agent, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("fiberd: %w", err)
 	}
-	a.ledger = core.NewLedger(a.epoch.Current())
-	a.deny, err = openDenyList(filepath.Join(private, "denied.json"), cfg.Clock.Now())
+	// The revocations are the ledger's, kept in StateDir/private/denied.json.
+	a.ledger, err = core.OpenLedger(a.epoch.Current(), core.NewRevocationFile(filepath.Join(private, "denied.json")), cfg.Clock.Now())
 	if err != nil {
 		return nil, fmt.Errorf("fiberd: %w", err)
-	}
-	for uid := range a.deny.all() {
-		a.ledger.Deny(uid)
 	}
 	a.metrics, err = newMetrics(cfg.Registry, a)
 	if err != nil {
@@ -503,7 +497,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 
 	a.queue = newWorkQueue(ctx, a.cfg.Clock, a.reconcile)
-	for uid := range a.deny.all() {
+	for uid := range a.ledger.Revocations() {
 		// Each revocation's reconcile schedules its expiry.
 		a.event(uid, func(*slot) {})
 	}

@@ -51,13 +51,14 @@ func (a *Agent) applyEvent(ev home.GrantEvent) {
 	}
 }
 
-// revoke denies uid at once, in the ledger, and until the later of
-// Config.DenyFor from now and the end of the latest lease of it the agent
-// has seen, in the state directory; its reconcile (a running one is
-// cancelled) then yields it.
+// revoke denies uid in the ledger at once, for Config.DenyFor from now, and
+// then until the end of the latest lease of it the agent has seen when that
+// is later; the ledger persists both in the state directory. Its reconcile
+// (a running one is cancelled) then yields it.
 func (a *Agent) revoke(uid string) {
-	a.ledger.Deny(uid)
 	until := a.cfg.Clock.Now().Add(a.cfg.DenyFor)
+	floor := until
+	err := a.ledger.Deny(uid, until)
 	a.event(uid, func(s *slot) {
 		s.want, s.delivered = nil, nil
 		s.gen++
@@ -68,7 +69,10 @@ func (a *Agent) revoke(uid string) {
 			until = s.latestExpiry
 		}
 	})
-	if err := a.deny.add(uid, until); err != nil {
+	if until.After(floor) {
+		err = a.ledger.Deny(uid, until)
+	}
+	if err != nil {
 		a.log.Error(err, "Persisting a revocation; it holds until fiberd restarts", "grant", uid)
 	}
 }

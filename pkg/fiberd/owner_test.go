@@ -178,6 +178,36 @@ func TestDenyListSurvivesRestart(t *testing.T) {
 	}
 }
 
+// TestRevocationLastsUntilTheLatestLease: a grant removed by its lane whose
+// lease outlives Config.DenyFor stays revoked until the lease's end, in the
+// ledger and in StateDir/private/denied.json, across a restart after
+// DenyFor has passed; once the lease's end passes, its reconcile lifts it.
+func TestRevocationLastsUntilTheLatestLease(t *testing.T) {
+	e := newEnv(t, withConfig(func(c *Config) { c.DenyFor = time.Minute }))
+	tok := e.mint("g1", lease(2*time.Hour))
+	uid := e.deliver(tok)
+	g, ok := e.agent.ledger.Grant(uid)
+	if !ok {
+		t.Fatal("g1 not admitted")
+	}
+	e.remove(uid)
+	e.eventually("g1 revoked until its lease's end", func() bool {
+		until, ok := e.agent.ledger.DeniedUntil(uid)
+		return ok && until.Equal(g.Expiry)
+	})
+	saved, err := core.NewRevocationFile(filepath.Join(e.stateDir, "private", "denied.json")).Load()
+	must(t, err)
+	if !saved[uid].Equal(g.Expiry) {
+		t.Fatalf("revocations file holds %v for g1, want the lease's end %v", saved[uid], g.Expiry)
+	}
+	e.clk.Step(time.Hour) // DenyFor passed, the lease has not ended
+	e.restart()
+	if r := e.cloneReq(e.unix, api.CloneRequest{Grant: tok}); r.status != http.StatusServiceUnavailable {
+		t.Fatalf("clone of a revoked grant after DenyFor, before its lease's end: %d %s, want a miss", r.status, r.body)
+	}
+	e.eventuallyStepping("g1's revocation lifted at its end", time.Minute, func() bool { return !e.agent.ledger.Denied(uid) })
+}
+
 // TestRefusedClonesMintNoFence: Clones refused because the grant's template
 // is cold consume no sequence number: the first fiber served afterwards is
 // seq 1.

@@ -78,7 +78,7 @@ func (a *Agent) reconcileSlot(ctx context.Context, s *slot, token []byte) (resul
 			wake = d
 		}
 	}
-	if until, ok := a.deny.get(uid); ok {
+	if until, ok := a.ledger.DeniedUntil(uid); ok {
 		if now.Before(until) {
 			soonest(until.Sub(now))
 		} else {
@@ -224,10 +224,10 @@ func (a *Agent) acceptDelivered(ctx context.Context, s *slot, token []byte) erro
 	return nil
 }
 
-// lift ends uid's revocation, in the ledger and in the state directory.
+// lift ends uid's revocation in the ledger, which persists it in the state
+// directory.
 func (a *Agent) lift(uid, reason string) {
-	a.ledger.Lift(uid)
-	was, err := a.deny.lift(uid)
+	was, err := a.ledger.Lift(uid)
 	if err != nil {
 		a.log.Error(err, "Persisting the end of a revocation", "grant", uid)
 	}

@@ -144,7 +144,7 @@ func (a *Agent) event(uid string, fn func(s *slot)) {
 // nothing wanted or delivered, not revoked, and no Clone about to be
 // answered from it. The reconcile calls it last.
 func (a *Agent) dropIfIdle(s *slot) {
-	if _, denied := a.deny.get(s.uid); denied {
+	if a.ledger.Denied(s.uid) {
 		return
 	}
 	a.mu.Lock()
