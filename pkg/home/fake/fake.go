@@ -38,11 +38,12 @@ type Config struct {
 type Home struct {
 	cfg    Config
 	health *core.SourceHealth
-	lane   chan home.GrantEvent
+	wake   chan struct{} // holds a value when lane may have grown
 
-	// mu guards the fields below it; cfg, health and lane are set by New
+	// mu guards the fields below it; cfg, health and wake are set by New
 	// and never written again.
 	mu        sync.Mutex
+	lane      []home.GrantEvent // delivered, not yet passed on; in order
 	ready     map[string]bool
 	scopeLost func(context.Context, string)
 	own       []byte // the own grant token; nil for none
@@ -65,7 +66,7 @@ func New(cfg Config) *Home {
 	return &Home{
 		cfg:    cfg,
 		health: core.NewSourceHealth(cfg.StaleTTL, cfg.Clock),
-		lane:   make(chan home.GrantEvent, 64),
+		wake:   make(chan struct{}, 1),
 		ready:  map[string]bool{},
 		own:    own,
 	}
@@ -75,33 +76,75 @@ func New(cfg Config) *Home {
 func (h *Home) Name() string { return "fake" }
 
 // Grants returns the lane Deliver and Remove feed, or a nil channel (and
-// no error) when Config.NoLane is set.
-func (h *Home) Grants(context.Context) (<-chan home.GrantEvent, error) {
+// no error) when Config.NoLane is set. As home.Home says, the channel is
+// closed when ctx ends; an event not passed on by then stays queued, first
+// in line, for the next call.
+func (h *Home) Grants(ctx context.Context) (<-chan home.GrantEvent, error) {
 	if h.cfg.NoLane {
 		return nil, nil
 	}
-	return h.lane, nil
+	out := make(chan home.GrantEvent)
+	go func() {
+		defer close(out)
+		for {
+			ev, ok := h.next()
+			if !ok {
+				select {
+				case <-h.wake:
+					continue
+				case <-ctx.Done():
+					return
+				}
+			}
+			select {
+			case out <- ev:
+			case <-ctx.Done():
+				h.mu.Lock()
+				h.lane = append([]home.GrantEvent{ev}, h.lane...)
+				h.mu.Unlock()
+				return
+			}
+		}
+	}()
+	return out, nil
 }
 
-// Deliver puts a GrantAdded of token (grant uid) on the lane. The lane
-// holds 64 events; Deliver blocks while it is full. It panics when
-// Config.NoLane is set, as nothing would read the event.
+// next takes the lane's first event out.
+func (h *Home) next() (home.GrantEvent, bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if len(h.lane) == 0 {
+		return home.GrantEvent{}, false
+	}
+	ev := h.lane[0]
+	h.lane = h.lane[1:]
+	return ev, true
+}
+
+// Deliver queues a GrantAdded of token (grant uid) on the lane; it never
+// blocks. It panics when Config.NoLane is set, as nothing would read the
+// event.
 func (h *Home) Deliver(uid string, token []byte) {
 	h.send(home.GrantEvent{Kind: home.GrantAdded, UID: uid, Token: token, Path: uid + ".jwt"})
 }
 
-// Remove puts a GrantRemoved of uid on the lane. It blocks and panics as
-// Deliver does.
+// Remove queues a GrantRemoved of uid on the lane, as Deliver does.
 func (h *Home) Remove(uid string) {
 	h.send(home.GrantEvent{Kind: home.GrantRemoved, UID: uid, Path: uid + ".jwt"})
 }
 
-// send puts ev on the lane; see Deliver.
+// send queues ev on the lane; see Deliver.
 func (h *Home) send(ev home.GrantEvent) {
 	if h.cfg.NoLane {
 		panic("fake home: " + ev.Kind.String() + " of " + ev.UID + " on a home without a lane (Config.NoLane)")
 	}
-	h.lane <- ev
+	h.mu.Lock()
+	h.lane = append(h.lane, ev)
+	h.mu.Unlock()
+	select {
+	case h.wake <- struct{}{}:
+	default:
+	}
 }
 
 // Health is the control plane's health, in sync unless the issuer was

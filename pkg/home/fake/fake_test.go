@@ -5,6 +5,7 @@ import (
 	"strconv"
 	"sync"
 	"testing"
+	"time"
 
 	"fiberd.io/fiberd/pkg/core"
 	"fiberd.io/fiberd/pkg/home"
@@ -144,5 +145,48 @@ func TestConcurrentUse(t *testing.T) {
 	wg.Wait()
 	if got := h.Closes(); got != 400 {
 		t.Fatalf("Closes() = %d after 400 concurrent Closes", got)
+	}
+}
+
+// TestLaneClosesWithItsContext: as home.Home says, the lane is closed when
+// the context of Grants ends; what was delivered and not read by then is
+// read, in order, from the next call's lane.
+func TestLaneClosesWithItsContext(t *testing.T) {
+	h := New(Config{})
+	ctx, cancel := context.WithCancel(context.Background())
+	lane, err := h.Grants(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.Deliver("g1", []byte("tok"))
+	if ev := <-lane; ev.UID != "g1" {
+		t.Fatalf("event %+v, want g1's", ev)
+	}
+	cancel()
+	timeout := time.After(10 * time.Second)
+	for open := true; open; {
+		select {
+		case ev, ok := <-lane:
+			if ok {
+				t.Fatalf("event %+v after the context ended", ev)
+			}
+			open = false
+		case <-timeout:
+			t.Fatal("the lane is still open 10s after its context ended")
+		}
+	}
+	h.Deliver("g2", nil)
+	h.Remove("g2")
+	ctx2, cancel2 := context.WithCancel(context.Background())
+	defer cancel2()
+	lane2, err := h.Grants(ctx2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ev := <-lane2; ev.Kind != home.GrantAdded || ev.UID != "g2" {
+		t.Fatalf("first event of the next lane %+v, want GrantAdded g2", ev)
+	}
+	if ev := <-lane2; ev.Kind != home.GrantRemoved || ev.UID != "g2" {
+		t.Fatalf("second event of the next lane %+v, want GrantRemoved g2", ev)
 	}
 }
