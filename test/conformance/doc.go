@@ -25,7 +25,23 @@
 //   - zygote loss: its fibers end ("template died"), the grant is warmed
 //     again and served (backends with zygotes);
 //   - scope loss: a home's own signal bumps the epoch, ending every fiber,
-//     grants stay warm (homes with a scope).
+//     grants stay warm (homes with a scope);
+//   - a Clone of a parked session resumes it: POST /v1/park ends the fiber
+//     and keeps its session; a Clone of it is a resume under a newer fence
+//     with the session's release key, the fiber's memory as it was;
+//   - sessions are their creators', parked too: on the plaintext listener
+//     a park and a Clone of a parked session need the session's key or a
+//     token of its grant (401 otherwise, nothing minted, still parked);
+//   - an image lives as long as its session can come back: it survives its
+//     zygote's death, and is deleted by the resume, the release of the
+//     parked fiber id, the grant's revocation and an epoch bump (a restart,
+//     and POST /scope-lost in a testhooks build).
+//
+// The park promises run on each backend's Parking variant, with a working
+// CHECKPOINT tier: the fake with EnableCheckpoint and proc with CRIU
+// (FIBERD_CRIU, else where `make criu` puts it; they skip without CRIU or
+// root, saying so, unless FIBERD_CRIU_REQUIRED=1), and skip on backends
+// that cannot park (exec, isolated grants).
 //
 // The homes: the fake home (pkg/home/fake), the standalone home (its file
 // lane, without cgroups) and, in the integration build, the Kubernetes home

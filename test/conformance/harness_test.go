@@ -3,6 +3,7 @@ package conformance
 import (
 	"bytes"
 	"context"
+	"encoding/hex"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -21,6 +22,7 @@ import (
 	"fiberd.io/fiberd/internal/repotest"
 	"fiberd.io/fiberd/pkg/api"
 	"fiberd.io/fiberd/pkg/backend"
+	"fiberd.io/fiberd/pkg/backend/backendtest"
 	backendfake "fiberd.io/fiberd/pkg/backend/fake"
 	"fiberd.io/fiberd/pkg/core"
 	"fiberd.io/fiberd/pkg/home"
@@ -97,6 +99,19 @@ var fakeBackend = Backend{
 			t.Fatalf("fake: grant %s not warm", uid)
 		}
 	},
+	Parking: func(t *testing.T) backend.Backend {
+		b := backendfake.New(core.TierWarm, backendfake.Hooks{})
+		b.EnableCheckpoint(1 << 20)
+		return b
+	},
+	Remembers: func(t *testing.T, b backend.Backend, f api.CloneResponse) string {
+		t.Helper()
+		r, ok := b.(*backendfake.Backend).Request(f.Fence)
+		if !ok {
+			t.Fatalf("fake: fiber %s not running", f.FiberID)
+		}
+		return hex.EncodeToString(r.Payload)
+	},
 }
 
 var procBackend = Backend{
@@ -111,6 +126,12 @@ var procBackend = Backend{
 	OverBudget: dirty24,
 	Devices:    fiberDevices,
 	KillZygote: killZygote,
+	Parking: func(t *testing.T) backend.Backend {
+		b, err := backend.NewProc(backend.Config{Logger: quiet, CRIU: backendtest.CRIU(t)})
+		must(t, err)
+		return b
+	},
+	Remembers: counterRemembers,
 }
 
 var execBackend = Backend{
@@ -253,6 +274,26 @@ func dirty24(t *testing.T, _ backend.Backend, f api.CloneResponse) {
 	if body, err := fiberGet(t, f, "/dirty/24"); err == nil && !strings.Contains(body, "dirty=24") {
 		t.Fatalf("GET /dirty/24 of %s: %q", f.FiberID, body)
 	}
+}
+
+// counterRemembers is what counter fiber f read at its start, as it
+// answers it: its fence and payload (FIBERD_FENCE, FIBERD_PAYLOAD).
+func counterRemembers(t *testing.T, _ backend.Backend, f api.CloneResponse) string {
+	t.Helper()
+	body, err := fiberGet(t, f, "/")
+	if err != nil {
+		t.Fatalf("GET / of %s: %v", f.FiberID, err)
+	}
+	var kept []string
+	for _, kv := range strings.Fields(body) {
+		if strings.HasPrefix(kv, "fence=") || strings.HasPrefix(kv, "payload=") {
+			kept = append(kept, kv)
+		}
+	}
+	if len(kept) != 2 {
+		t.Fatalf("GET / of %s answered %q, without a fence and a payload", f.FiberID, body)
+	}
+	return strings.Join(kept, " ")
 }
 
 var pidField = regexp.MustCompile(`pid=(\d+)`)

@@ -79,6 +79,18 @@ type Backend struct {
 	// (a backend that hands them over), Clones take spare fibers, and
 	// every promise must hold as when they fork. Default 0.
 	Warm int
+	// Parking builds the backend with a working CHECKPOINT tier (the
+	// proc backend with CRIU, the fake with EnableCheckpoint), which the
+	// park promises run on; it skips the test, saying what is missing,
+	// where the tier cannot work here. Nil for a backend that cannot park
+	// (exec; isolated grants, whose user namespace CRIU cannot dump): the
+	// park promises skip, saying so.
+	Parking func(t *testing.T) backend.Backend
+	// Remembers is what running fiber f holds in its memory from its
+	// start, compared across a park and a resume: a real fiber's
+	// FIBERD_FENCE and FIBERD_PAYLOAD as the counter answers them, the
+	// fake's payload. It fails the test when f does not answer.
+	Remembers func(t *testing.T, b backend.Backend, f api.CloneResponse) string
 }
 
 // Promises are the agent's promises the suite checks, by name, in order.
@@ -93,19 +105,34 @@ var Promises = []string{
 	"device budget",
 	"zygote loss",
 	"scope loss",
+	"a Clone of a parked session resumes it",
+	"sessions are their creators', parked too",
+	"an image lives as long as its session can come back",
 }
 
 var promises = map[string]func(e *env){
-	"idempotent session attach":   sessionAttach,
-	"fences strictly increasing":  fencesIncrease,
-	"epoch bump ends every fiber": epochBump,
-	"revocation by lease end":     leaseEnd,
-	"admission completeness":      admission,
-	"W budget":                    wBudget,
-	"tier floor":                  tierFloor,
-	"device budget":               deviceBudget,
-	"zygote loss":                 zygoteLoss,
-	"scope loss":                  scopeLoss,
+	"idempotent session attach":                sessionAttach,
+	"fences strictly increasing":               fencesIncrease,
+	"epoch bump ends every fiber":              epochBump,
+	"revocation by lease end":                  leaseEnd,
+	"admission completeness":                   admission,
+	"W budget":                                 wBudget,
+	"tier floor":                               tierFloor,
+	"device budget":                            deviceBudget,
+	"zygote loss":                              zygoteLoss,
+	"scope loss":                               scopeLoss,
+	"a Clone of a parked session resumes it":   parkResume,
+	"sessions are their creators', parked too": parkedSessionKey,
+	"an image lives as long as its session can come back": imageLifetime,
+}
+
+// parking are the promises that park: they run on Backend.Parking, with
+// the agent's plaintext TCP listener on too (Config.InsecurePlaintext, on
+// loopback), and skip on a backend that cannot park.
+var parking = map[string]bool{
+	"a Clone of a parked session resumes it":              true,
+	"sessions are their creators', parked too":            true,
+	"an image lives as long as its session can come back": true,
 }
 
 // Run checks every promise of the agent with home h and backend b, each in
@@ -113,7 +140,14 @@ var promises = map[string]func(e *env){
 func Run(t *testing.T, h Home, b Backend) {
 	for _, name := range Promises {
 		t.Run(name, func(t *testing.T) {
-			e := newEnv(t, h, b)
+			b := b
+			if parking[name] {
+				if b.Parking == nil {
+					t.Skipf("backend %s cannot park (no Backend.Parking: exec has no checkpoints, and CRIU cannot dump an isolated grant's user namespace)", b.Name)
+				}
+				b.New = b.Parking
+			}
+			e := newEnv(t, h, b, parking[name])
 			promises[name](e)
 		})
 	}
@@ -142,6 +176,10 @@ type env struct {
 
 	// minIsolation is the agent's Config.MinIsolation at its next start.
 	minIsolation backend.Isolation
+	// plaintext turns on the agent's plaintext TCP listener on loopback,
+	// which tcp is a client of (nil without it).
+	plaintext bool
+	tcp       *client.Client
 
 	home   home.Home
 	ctl    Control
@@ -152,8 +190,8 @@ type env struct {
 	done   chan error
 }
 
-func newEnv(t *testing.T, h Home, b Backend) *env {
-	e := &env{t: t, h: h, b: b, dir: t.TempDir()}
+func newEnv(t *testing.T, h Home, b Backend, plaintext bool) *env {
+	e := &env{t: t, h: h, b: b, dir: t.TempDir(), plaintext: plaintext}
 	// A short state path: unix socket paths are limited to 108 bytes.
 	state, err := os.MkdirTemp("", "fc")
 	must(t, err)
@@ -195,6 +233,9 @@ func (e *env) start() {
 		BudgetInterval: 100 * time.Millisecond, AdminUnsafe: fiberd.TestHooks, MinIsolation: e.minIsolation,
 		Logger: funcr.New(func(prefix, args string) { t.Log(prefix, args) }, funcr.Options{Verbosity: 0}),
 	}
+	if e.plaintext {
+		cfg.Listen, cfg.InsecurePlaintext = "127.0.0.1:0", true
+	}
 	if e.b.Tier == core.TierWarm {
 		cfg.Warm = e.be
 	} else {
@@ -210,6 +251,10 @@ func (e *env) start() {
 	go func() { e.done <- a.Run(ctx) }()
 	e.c, err = client.New(client.Config{Addr: "unix://" + a.SocketPath(), Timeout: wait})
 	must(t, err)
+	if e.plaintext {
+		e.tcp, err = client.New(client.Config{Addr: a.Addr().String(), Timeout: wait})
+		must(t, err)
+	}
 	var once sync.Once
 	t.Cleanup(func() { once.Do(e.stop) })
 }

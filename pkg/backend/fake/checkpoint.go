@@ -63,6 +63,10 @@ type fakeImage struct {
 	fence    core.Fence
 	template string
 	network  string // the listener's, "" for none
+	// memory is the parked fiber's CloneRequest (without its listener):
+	// what a real image holds of it (its payload, its devices), which
+	// the resumed fiber's Request reports.
+	memory backend.CloneRequest
 }
 
 // imageFile is the one file of a fake image.
@@ -96,9 +100,14 @@ func (b *Backend) CheckpointSupport(ctx context.Context) error {
 // as the Park hook says (the fiber keeps running), with core.ErrTierGap
 // without EnableCheckpoint, core.ErrNotFound for a fiber not running,
 // core.ErrInvalid for a Dir that exists, and backend.ErrTooLarge when the
-// image would be over req.MaxBytes.
+// image would be over req.MaxBytes; core.ErrInvalid also for a request the
+// proc backend refuses as malformed (no grant, a Dir that is not a clean
+// absolute path, no Template, a negative MaxBytes).
 func (b *Backend) Park(ctx context.Context, req backend.ParkRequest) (backend.Image, error) {
 	if err := b.CheckpointSupport(ctx); err != nil {
+		return backend.Image{}, err
+	}
+	if err := checkPark(req); err != nil {
 		return backend.Image{}, err
 	}
 	if b.hooks.Park != nil {
@@ -108,7 +117,8 @@ func (b *Backend) Park(ctx context.Context, req backend.ParkRequest) (backend.Im
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if _, ok := b.fibers[req.Fence]; !ok {
+	memory, ok := b.fibers[req.Fence]
+	if !ok {
 		return backend.Image{}, fmt.Errorf("fiber %s: park: %w", req.Fence, core.ErrNotFound)
 	}
 	if req.MaxBytes > 0 && b.ck.bytes > req.MaxBytes {
@@ -131,20 +141,27 @@ func (b *Backend) Park(ctx context.Context, req backend.ParkRequest) (backend.Im
 	delete(b.fibers, req.Fence)
 	ln := b.ck.listeners[req.Fence]
 	delete(b.ck.listeners, req.Fence)
-	b.ck.images[req.Dir] = fakeImage{fence: req.Fence, template: req.Template, network: ln[0]}
+	b.ck.images[req.Dir] = fakeImage{fence: req.Fence, template: req.Template, network: ln[0], memory: memory}
 	b.ck.parks++
 	b.pushLocked(backend.Exit{GrantUID: req.Fence.GrantUID, Fence: req.Fence, Reason: backend.ExitReason{Parked: true}})
 	return backend.Image{Dir: req.Dir, Bytes: b.ck.bytes, OwnBytes: b.ck.bytes / 2, Network: ln[0], Addr: ln[1]}, nil
 }
 
-// Resume brings an image Park wrote back as running fiber req.Fence. It
-// fails as the Resume hook says; with backend.ErrImageUnusable for an image
-// it did not write or that is gone from disk, or of another grant, epoch
-// or template; with backend.ErrCold for a grant not warm; with
-// core.ErrInvalid for a fence already running. The image stays on disk.
-// Resumed.Listener is req.Listener.
+// Resume brings an image Park wrote back as running fiber req.Fence, whose
+// Request is the parked fiber's (its payload, devices and so on: what its
+// memory held) with req's fence and leaf. It fails as the Resume hook says;
+// with backend.ErrImageUnusable for an image it did not write or that is
+// gone from disk, or of another grant, epoch or template; with
+// backend.ErrCold for a grant not warm; with core.ErrInvalid for a request
+// the proc backend refuses as malformed (no grant, a relative Image or
+// Leaf, no Template), a fence not newer than the parked one, a fence
+// already running, or a unix image without a unix Listener. The image
+// stays on disk. Resumed.Listener is req.Listener.
 func (b *Backend) Resume(ctx context.Context, req backend.ResumeRequest) (backend.Resumed, error) {
 	if err := b.CheckpointSupport(ctx); err != nil {
+		return backend.Resumed{}, err
+	}
+	if err := checkResume(req); err != nil {
 		return backend.Resumed{}, err
 	}
 	if b.hooks.Resume != nil {
@@ -162,6 +179,8 @@ func (b *Backend) Resume(ctx context.Context, req backend.ResumeRequest) (backen
 	switch {
 	case img.fence.GrantUID != f.GrantUID || img.fence.Epoch != f.Epoch || img.template != req.Template:
 		return backend.Resumed{}, fmt.Errorf("fiber %s: resume: image of %s (%s): %w", f, img.fence, img.template, backend.ErrImageUnusable)
+	case !newer(f, img.fence):
+		return backend.Resumed{}, fmt.Errorf("fiber %s: resume: fence not newer than the parked fiber's %s: %w", f, img.fence, core.ErrInvalid)
 	case b.closed || b.cold[f.GrantUID]:
 		return backend.Resumed{}, fmt.Errorf("grant %q: %w", f.GrantUID, backend.ErrCold)
 	}
@@ -175,11 +194,51 @@ func (b *Backend) Resume(ctx context.Context, req backend.ResumeRequest) (backen
 	if img.network == "unix" && network != "unix" {
 		return backend.Resumed{}, fmt.Errorf("fiber %s: resume: the image's listener is a unix socket; Listener is %q: %w", f, network, core.ErrInvalid)
 	}
-	b.fibers[f] = backend.CloneRequest{Fence: f, Leaf: req.Leaf}
+	memory := img.memory
+	memory.Fence, memory.Leaf = f, req.Leaf
+	b.fibers[f] = memory
 	b.ck.noteListener(f, network, addr)
 	b.pid++
 	b.ck.resums++
 	return backend.Resumed{Fiber: backend.Fiber{Fence: f, PID: b.pid, Isolation: b.levels[f.GrantUID]}, Listener: req.Listener}, nil
+}
+
+// newer reports whether fence f is strictly newer than parked.
+func newer(f, parked core.Fence) bool {
+	c, ok := f.Compare(parked)
+	return ok && c > 0
+}
+
+// checkPark refuses, with core.ErrInvalid, a ParkRequest the proc backend
+// refuses as malformed.
+func checkPark(req backend.ParkRequest) error {
+	switch {
+	case req.Fence.GrantUID == "":
+		return fmt.Errorf("park: Fence.GrantUID is empty: %w", core.ErrInvalid)
+	case !filepath.IsAbs(req.Dir) || filepath.Clean(req.Dir) != req.Dir:
+		return fmt.Errorf("fiber %s: park: Dir %q is not a clean absolute path: %w", req.Fence, req.Dir, core.ErrInvalid)
+	case req.Template == "":
+		return fmt.Errorf("fiber %s: park: Template is empty: %w", req.Fence, core.ErrInvalid)
+	case req.MaxBytes < 0:
+		return fmt.Errorf("fiber %s: park: MaxBytes %d is negative: %w", req.Fence, req.MaxBytes, core.ErrInvalid)
+	}
+	return nil
+}
+
+// checkResume refuses, with core.ErrInvalid, a ResumeRequest the proc
+// backend refuses as malformed.
+func checkResume(req backend.ResumeRequest) error {
+	switch {
+	case req.Fence.GrantUID == "":
+		return fmt.Errorf("resume: Fence.GrantUID is empty: %w", core.ErrInvalid)
+	case !filepath.IsAbs(req.Image):
+		return fmt.Errorf("fiber %s: resume: Image %q is not absolute: %w", req.Fence, req.Image, core.ErrInvalid)
+	case req.Template == "":
+		return fmt.Errorf("fiber %s: resume: Template is empty: %w", req.Fence, core.ErrInvalid)
+	case req.Leaf != "" && !filepath.IsAbs(req.Leaf):
+		return fmt.Errorf("fiber %s: resume: Leaf %q is not absolute: %w", req.Fence, req.Leaf, core.ErrInvalid)
+	}
+	return nil
 }
 
 // Images lists the image directories Park wrote that are still on disk.

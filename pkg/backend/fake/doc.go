@@ -24,8 +24,11 @@
 //   - Checkpoints (backend.Checkpointer) are absent until EnableCheckpoint:
 //     then Park writes an image directory holding one file of the size
 //     given, ends the fiber with an Exit saying Parked, and Resume brings
-//     an image it wrote back as a running fiber; the image's grant, epoch
-//     and template are checked, nothing of a process is.
+//     an image it wrote back as a running fiber whose Request is the parked
+//     fiber's (its payload, as a real image holds it); the image's grant,
+//     epoch and template and the request's form are checked as the proc
+//     backend checks them, nothing of a process is. Both keep the contract
+//     of pkg/backend/backendtest.CheckpointerContract.
 //
 // Per-method error injection and blocking: Hooks run before the fake does
 // its own work; a hook's non-nil error is returned as the method's error
