@@ -10,8 +10,9 @@ export FIBERD_KUBE_CACHE
 # Where hack/criu.sh caches the CRIU the CHECKPOINT tier runs (bin/criu, fiberd's default -criu).
 FIBERD_CRIU_CACHE ?= $(HOME)/.cache/fiberd/criu
 export FIBERD_CRIU_CACHE
-# The criu pkg/backend's park and resume tests run (they skip, saying so, when it is missing,
-# unless FIBERD_CRIU_REQUIRED=1, which .ci/run sets).
+# The criu the park and resume tests run: pkg/backend's, the Checkpointer contract's and the
+# conformance suite's park promises (they skip, saying so, when it is missing, unless
+# FIBERD_CRIU_REQUIRED=1, which .ci/run sets).
 FIBERD_CRIU ?= $(FIBERD_CRIU_CACHE)/bin/criu
 export FIBERD_CRIU
 # The isolation tests (pkg/backend's attack test, the conformance suite's isolated backends, the
