@@ -51,10 +51,10 @@ func TestCloneServes(t *testing.T) {
 	}
 }
 
-// TestCloneOutcomes checks every refusal row, each capacity miss under a
-// healthy lane (DEFERRED_FALLBACK, 503) and a stale one (SHED, 429 with
-// Retry-After), and that every miss body names its code and the issuer.
-func TestCloneOutcomes(t *testing.T) {
+// TestCloneMisses checks each capacity miss under a healthy lane
+// (DEFERRED_FALLBACK, 503) and a stale one (SHED, 429 with Retry-After),
+// and that every miss body names its code and the issuer.
+func TestCloneMisses(t *testing.T) {
 	type setup func(e *env) api.CloneRequest
 	misses := []struct {
 		name  string
@@ -124,7 +124,11 @@ func TestCloneOutcomes(t *testing.T) {
 			})
 		}
 	}
+}
 
+// TestCloneRefusals checks every refusal row that is not a capacity miss:
+// each answers its status and code, a SHED with Retry-After.
+func TestCloneRefusals(t *testing.T) {
 	others := []struct {
 		name   string
 		opts   []envOption

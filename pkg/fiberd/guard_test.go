@@ -305,24 +305,7 @@ func TestUnauthenticatedCallersCannotActOnOthersFibers(t *testing.T) {
 				t.Errorf("attach on %s: %d %s", l.name, at.status, at.body)
 			}
 
-			st := e.call(l, http.MethodGet, "/v1/status", nil)
-			watch := e.firstWatchLine(l)
-			for what, body := range map[string]string{"status": string(st.body), "watch": watch} {
-				var s api.Status
-				must(t, json.Unmarshal([]byte(body), &s))
-				if len(s.Grants) != 2 || s.Grants[0].Running+s.Grants[1].Running != 2 {
-					t.Errorf("%s on %s: want both grants with their counts: %s", what, l.name, body)
-				}
-				secrets := []string{a.FiberID, a.Endpoint, "owner-secret", b.FiberID, b.Endpoint}
-				for _, s := range secrets {
-					if strings.Contains(body, s) != l.authed {
-						t.Errorf("%s on %s: shows %q = %v, want %v", what, l.name, s, !l.authed, l.authed)
-					}
-				}
-				if s.Redacted == l.authed {
-					t.Errorf("%s on %s: redacted = %v", what, l.name, s.Redacted)
-				}
-			}
+			checkRedaction(t, e, l, a, b)
 
 			if l.authed {
 				if r := e.call(l, http.MethodPost, "/v1/park", api.FiberRequest{FiberID: b.FiberID}); r.status != http.StatusPreconditionFailed {
@@ -366,6 +349,31 @@ func TestUnauthenticatedCallersCannotActOnOthersFibers(t *testing.T) {
 				t.Errorf("second release: %d %s, want 404", r.status, r.body)
 			}
 		})
+	}
+}
+
+// checkRedaction: the status and the watch on l show both grants with their
+// counts, and the fibers a and b (their ids, endpoints and session) only
+// where l authenticates its callers; elsewhere they are redacted.
+func checkRedaction(t *testing.T, e *env, l listener, a, b api.CloneResponse) {
+	t.Helper()
+	st := e.call(l, http.MethodGet, "/v1/status", nil)
+	watch := e.firstWatchLine(l)
+	for what, body := range map[string]string{"status": string(st.body), "watch": watch} {
+		var s api.Status
+		must(t, json.Unmarshal([]byte(body), &s))
+		if len(s.Grants) != 2 || s.Grants[0].Running+s.Grants[1].Running != 2 {
+			t.Errorf("%s on %s: want both grants with their counts: %s", what, l.name, body)
+		}
+		secrets := []string{a.FiberID, a.Endpoint, "owner-secret", b.FiberID, b.Endpoint}
+		for _, s := range secrets {
+			if strings.Contains(body, s) != l.authed {
+				t.Errorf("%s on %s: shows %q = %v, want %v", what, l.name, s, !l.authed, l.authed)
+			}
+		}
+		if s.Redacted == l.authed {
+			t.Errorf("%s on %s: redacted = %v", what, l.name, s.Redacted)
+		}
 	}
 }
 
