@@ -60,39 +60,7 @@ func TestLeafDescriptorCarriesNoAuthority(t *testing.T) {
 		t.Fatal(err)
 	}
 	v := rootVictim(t)
-	name := fmt.Sprintf("fiberd-test-outsider-%d", os.Getpid())
-	out := exec.Command(py, "-u", pyFile(t, "pkg/backend/testdata/outsider.py"), "--listen", name, "--victim", strconv.Itoa(v.Process.Pid))
-	out.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: nobody, Gid: nobody}}
-	out.Stderr = os.Stderr
-	stdout, err := out.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := out.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = out.Process.Kill(); _ = out.Wait() })
-	lines := make(chan string, 8)
-	go func() {
-		sc := bufio.NewScanner(stdout)
-		for sc.Scan() {
-			lines <- sc.Text()
-		}
-		close(lines)
-	}()
-	next := func() string {
-		t.Helper()
-		select {
-		case l, ok := <-lines:
-			if !ok {
-				t.Fatal("the outsider ended early")
-			}
-			return l
-		case <-time.After(20 * time.Second):
-			t.Fatal("the outsider said nothing for 20s")
-		}
-		return ""
-	}
+	name, next := startOutsider(t, py, v.Process.Pid)
 	if l := next(); l != "listening" {
 		t.Fatalf("outsider: %q, want listening", l)
 	}
@@ -149,6 +117,48 @@ func TestLeafDescriptorCarriesNoAuthority(t *testing.T) {
 	if st, err := os.Stat(g.Dir.Path()); err != nil || st.Sys().(*syscall.Stat_t).Uid != 0 {
 		t.Errorf("the grant's cgroup directory itself must stay root's: %v", err)
 	}
+}
+
+// startOutsider starts testdata/outsider.py as nobody, listening on the
+// abstract socket it returns the name of for the leaf descriptor a fiber
+// forwards it, with victim the root process it tries to move; next returns
+// its next line of output, failing the test when it ends or is silent for
+// 20 s.
+func startOutsider(t *testing.T, py string, victim int) (name string, next func() string) {
+	name = fmt.Sprintf("fiberd-test-outsider-%d", os.Getpid())
+	out := exec.Command(py, "-u", pyFile(t, "pkg/backend/testdata/outsider.py"), "--listen", name, "--victim", strconv.Itoa(victim))
+	out.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: nobody, Gid: nobody}}
+	out.Stderr = os.Stderr
+	stdout, err := out.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := out.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = out.Process.Kill(); _ = out.Wait() })
+	lines := make(chan string, 8)
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			lines <- sc.Text()
+		}
+		close(lines)
+	}()
+	next = func() string {
+		t.Helper()
+		select {
+		case l, ok := <-lines:
+			if !ok {
+				t.Fatal("the outsider ended early")
+			}
+			return l
+		case <-time.After(20 * time.Second):
+			t.Fatal("the outsider said nothing for 20s")
+		}
+		return ""
+	}
+	return name, next
 }
 
 // TestForeignProcessReportedAsFiber: a zygote reports another grant's

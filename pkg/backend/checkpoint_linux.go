@@ -156,9 +156,7 @@ func (p *Proc) criu(ctx context.Context) (*criu, error) {
 
 // findFiber returns the grant's zygote and the running fiber of fence.
 func (p *Proc) findFiber(fence core.Fence) (*zygote, *fiber) {
-	p.mu.Lock()
-	z := p.zygotes[fence.GrantUID]
-	p.mu.Unlock()
+	z := p.zygoteOf(fence.GrantUID)
 	if z == nil {
 		return nil, nil
 	}
@@ -167,29 +165,21 @@ func (p *Proc) findFiber(fence core.Fence) (*zygote, *fiber) {
 	return z, z.fibers[fence.String()]
 }
 
-// Park implements Checkpointer.
+// Park implements Checkpointer. Its steps: parkTarget finds the fiber and
+// checks it may be parked, parkFacts learns what its image will hold,
+// dump runs criu dump into Dir+partialSuffix, writeImage completes the
+// image (manifest, rename), and awaitParked waits for the fiber's end.
+// Whatever fails undoes the partial image and leaves the fiber to end for
+// its own reason.
 func (p *Proc) Park(ctx context.Context, req ParkRequest) (img Image, err error) {
 	if err := checkPark(req); err != nil {
 		return Image{}, err
 	}
 	name := req.Fence.String()
 	wrap := func(err error) error { return fmt.Errorf("fiber %s: park: %w", name, err) }
-	cr, err := p.criu(ctx)
+	cr, z, f, err := p.parkTarget(ctx, req)
 	if err != nil {
 		return Image{}, wrap(err)
-	}
-	z, f := p.findFiber(req.Fence)
-	if f == nil {
-		return Image{}, wrap(core.ErrNotFound)
-	}
-	z.mu.Lock()
-	ending := z.cold || z.stopping
-	z.mu.Unlock()
-	if ending {
-		return Image{}, wrap(fmt.Errorf("its grant is being stopped: %w", core.ErrNotFound))
-	}
-	if _, err := os.Lstat(req.Dir); err == nil {
-		return Image{}, wrap(fmt.Errorf("image directory %s exists already: %w", req.Dir, core.ErrInvalid))
 	}
 	op := &parkOp{done: make(chan struct{})}
 	if !f.ck.park.CompareAndSwap(nil, op) {
@@ -203,32 +193,90 @@ func (p *Proc) Park(ctx context.Context, req ParkRequest) (img Image, err error)
 			close(op.done) // op.ok stays false: the fiber, if it ended, ended for its own reason
 		}
 	}()
+	m, err := parkFacts(cr, z, f, req)
+	if err != nil {
+		return Image{}, wrap(err)
+	}
+	dumped, err := p.dump(ctx, cr, z, f, m, tmp)
+	if err != nil {
+		return Image{}, wrap(err)
+	}
+	// criu has killed the fiber; the image is complete once its manifest
+	// is written and the directory renamed.
+	if err := writeImage(tmp, req.Dir, &m.manifest); err != nil {
+		return Image{}, wrap(err)
+	}
+	op.ok = true
+	close(op.done)
+	p.awaitParked(f)
+	img = Image{Dir: req.Dir, Bytes: m.bytes(), OwnBytes: m.OwnBytes, Network: netName(m.Network), Addr: m.Addr}
+	p.log.V(1).Info("Fiber parked", "fence", name, "image", req.Dir, "bytes", img.Bytes, "own", img.OwnBytes, "dump", dumped)
+	return img, nil
+}
 
+// parkTarget returns the working CRIU, the grant's zygote and the running
+// fiber req names. It fails with the probe's error when CRIU is absent,
+// with core.ErrNotFound when the fiber is not running or its grant is
+// being stopped, and with core.ErrInvalid when req.Dir exists already.
+func (p *Proc) parkTarget(ctx context.Context, req ParkRequest) (*criu, *zygote, *fiber, error) {
+	cr, err := p.criu(ctx)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	z, f := p.findFiber(req.Fence)
+	if f == nil {
+		return nil, nil, nil, core.ErrNotFound
+	}
+	z.mu.Lock()
+	ending := z.cold || z.stopping
+	z.mu.Unlock()
+	if ending {
+		return nil, nil, nil, fmt.Errorf("its grant is being stopped: %w", core.ErrNotFound)
+	}
+	if _, err := os.Lstat(req.Dir); err == nil {
+		return nil, nil, nil, fmt.Errorf("image directory %s exists already: %w", req.Dir, core.ErrInvalid)
+	}
+	return cr, z, f, nil
+}
+
+// parkFacts describes the fiber f of z (describeFiber) and fills in the
+// manifest fields req and the grant decide. It fails with
+// core.ErrNotFound when the fiber is gone, with ErrTooLarge when the
+// memory criu would write is over req.MaxBytes, and with describeFiber's
+// errors.
+func parkFacts(cr *criu, z *zygote, f *fiber, req ParkRequest) (fiberFacts, error) {
 	parent := z.proc.Pid
 	if f.ck.resumed {
 		parent = os.Getpid()
 	}
 	pidfd, _, err := fiberPidfd(f.pid, parent)
 	if err != nil {
-		return Image{}, wrap(fmt.Errorf("%v: %w", err, core.ErrNotFound))
+		return fiberFacts{}, fmt.Errorf("%v: %w", err, core.ErrNotFound)
 	}
 	m, err := describeFiber(pidfd, f.pid)
 	_ = unix.Close(pidfd)
 	if err != nil {
-		return Image{}, wrap(err)
+		return fiberFacts{}, err
 	}
 	if req.MaxBytes > 0 && m.dumpBytes > req.MaxBytes {
-		return Image{}, wrap(fmt.Errorf("its memory to write is %d bytes, over the bound of %d: %w", m.dumpBytes, req.MaxBytes, ErrTooLarge))
+		return fiberFacts{}, fmt.Errorf("its memory to write is %d bytes, over the bound of %d: %w", m.dumpBytes, req.MaxBytes, ErrTooLarge)
 	}
 	m.Version = manifestVersion
 	m.GrantUID, m.Epoch, m.Seq = req.Fence.GrantUID, req.Fence.Epoch, req.Fence.Seq
 	m.Template, m.SpecDigest, m.CRIU = req.Template, specDigest(z.spec), cr.version
+	return m, nil
+}
 
+// dump runs criu dump of fiber f into the new directory tmp (removed and
+// made anew) and returns how long criu took. criu kills the fiber once its
+// image is written; when criu fails the fiber runs on. The error then is
+// dumpFailure's, or ctx's when ctx ended.
+func (p *Proc) dump(ctx context.Context, cr *criu, z *zygote, f *fiber, m fiberFacts, tmp string) (time.Duration, error) {
 	if err := os.RemoveAll(tmp); err != nil {
-		return Image{}, wrap(err)
+		return 0, err
 	}
 	if err := os.Mkdir(tmp, 0o700); err != nil {
-		return Image{}, wrap(err)
+		return 0, err
 	}
 	start := p.cfg.Clock.Now()
 	cmd := cr.command(ctx, cr.flags("dump", "-t", strconv.Itoa(f.pid), "-D", tmp, "-o", "dump.log",
@@ -238,51 +286,67 @@ func (p *Proc) Park(ctx context.Context, req ParkRequest) (img Image, err error)
 	// leaf: what it forks during the dump has no parent-death signal, and
 	// a crash of fiberd would leave it; the next start ends the session.
 	cmd.SysProcAttr.Setsid = true
-	if out, rerr := runRecorded(cmd, z.recs); rerr != nil {
+	if out, rerr := runRecorded(cmd, z.recs, p.cfg.KillTimeout); rerr != nil {
 		if ctx.Err() != nil {
-			return Image{}, wrap(fmt.Errorf("criu dump: %w", ctx.Err()))
+			return 0, fmt.Errorf("criu dump: %w", ctx.Err())
 		}
-		logPath := filepath.Join(tmp, "dump.log")
-		err := criuFailure("dump", rerr, logPath, filepath.Dir(req.Dir), false)
-		if m.Network == "unix" && logHas(logPath, "External socket is used", "Can't dump half of stream unix connection") {
-			err = fmt.Errorf("a connection to its unix listener is open or waiting to be accepted, and CRIU cannot park one end of a unix connection: park it once it is idle: %w (%w)", ErrBusy, err)
-		}
-		if len(out) > 0 {
-			err = fmt.Errorf("%w; output: %s", err, lastLines(out, 2))
-		}
-		return Image{}, wrap(err)
+		return 0, dumpFailure(rerr, out, tmp, f.pid, m.manifest)
 	}
-	dumped := p.cfg.Clock.Since(start)
+	return p.cfg.Clock.Since(start), nil
+}
 
-	// criu has killed the fiber; the image is complete once its manifest
-	// is written and the directory renamed.
-	if m.Files, err = imageFiles(tmp); err != nil {
-		return Image{}, wrap(err)
+// dumpFailure explains a failed criu dump of the fiber at pid into tmp,
+// from criu's exit and what is left, never from the text of its log (see
+// criuFailure): when criu exited by itself, the fiber has a unix listener
+// and a connection to it is open or queued (unixPeersOf, read once criu
+// has let the fiber run on), the error wraps ErrBusy; else it is
+// criuFailure's (wrapping ErrNoSpace when tmp's filesystem is full). The
+// last lines of criu's output, if any, are appended.
+func dumpFailure(runErr error, out []byte, tmp string, pid int, m manifest) error {
+	err := criuFailure("dump", runErr, filepath.Join(tmp, "dump.log"), tmp, false)
+	if m.Network == "unix" && criuExited(runErr) && unixPeersOf(pid, m.Addr, m.Inode) > 0 {
+		err = fmt.Errorf("a connection to its unix listener is open or waiting to be accepted, and CRIU cannot park one end of a unix connection: park it once it is idle: %w (%w)", ErrBusy, err)
 	}
-	b, err := json.Marshal(m.manifest)
+	if len(out) > 0 {
+		err = fmt.Errorf("%w; output: %s", err, lastLines(out, 2))
+	}
+	return err
+}
+
+// writeImage completes the image criu wrote into tmp: it lists the image
+// files into m, writes m as the manifest and renames tmp to dir. An error
+// says the fiber ended but its image could not be written.
+func writeImage(tmp, dir string, m *manifest) error {
+	files, err := imageFiles(tmp)
+	if err != nil {
+		return err
+	}
+	m.Files = files
+	b, err := json.Marshal(m)
 	if err == nil {
 		err = os.WriteFile(filepath.Join(tmp, manifestName), b, 0o600)
 	}
 	if err == nil {
-		err = os.Rename(tmp, req.Dir)
+		err = os.Rename(tmp, dir)
 	}
 	if err != nil {
-		return Image{}, wrap(fmt.Errorf("the fiber ended but its image could not be written: %w", err))
+		return fmt.Errorf("the fiber ended but its image could not be written: %w", err)
 	}
-	op.ok = true
-	close(op.done)
+	return nil
+}
 
-	// Its Exit (Parked) follows the zygote's EXITED, or the watcher's reap.
+// awaitParked waits, at most KillTimeout, for the parked fiber f to be
+// finished: its Exit (Parked) follows the zygote's EXITED, or the
+// watcher's reap. A fiber not seen ending in time is logged, not failed:
+// its image is complete.
+func (p *Proc) awaitParked(f *fiber) {
 	wctx, cancel := core.WithTimeout(context.Background(), p.cfg.Clock, p.cfg.KillTimeout)
 	defer cancel()
 	select {
 	case <-f.done:
 	case <-wctx.Done():
-		p.log.Info("Parked fiber's exit not seen in time", "fence", name, "pid", f.pid)
+		p.log.Info("Parked fiber's exit not seen in time", "fence", f.fence.String(), "pid", f.pid)
 	}
-	img = Image{Dir: req.Dir, Bytes: m.bytes(), OwnBytes: m.OwnBytes, Network: netName(m.Network), Addr: m.Addr}
-	p.log.V(1).Info("Fiber parked", "fence", name, "image", req.Dir, "bytes", img.Bytes, "own", img.OwnBytes, "dump", dumped)
-	return img, nil
 }
 
 func netName(n string) string {
@@ -440,7 +504,13 @@ func procKB(path string, keys ...string) int64 {
 	return n
 }
 
-// Resume implements Checkpointer.
+// Resume implements Checkpointer. Its steps: readImage checks the image,
+// reserveResume finds the grant's warm zygote and reserves the fence,
+// prepareRestore builds criu's command line and the descriptors it
+// inherits, restore runs criu restore (ending what a failed one left),
+// adoptRestored takes the restored process as a fiber, and publishResumed
+// makes it one of the grant's fibers, watched. What a step set up is
+// undone when Resume returns (restoreSetup.release), in reverse order.
 func (p *Proc) Resume(ctx context.Context, req ResumeRequest) (res Resumed, err error) {
 	if err := checkResume(req); err != nil {
 		return Resumed{}, err
@@ -451,119 +521,194 @@ func (p *Proc) Resume(ctx context.Context, req ResumeRequest) (res Resumed, err 
 	if err != nil {
 		return Resumed{}, wrap(err)
 	}
+	m, err := readImage(req)
+	if err != nil {
+		return Resumed{}, wrap(err)
+	}
+	z, pc, err := p.reserveResume(req, m)
+	if err != nil {
+		return Resumed{}, wrap(err)
+	}
+	defer z.unreserve(pc)
+	rs, err := prepareRestore(cr, z, req, m)
+	if err != nil {
+		return Resumed{}, wrap(err)
+	}
+	defer rs.release(p)
+	startTick, restored, err := p.restore(ctx, cr, z, req, m, rs)
+	if err != nil {
+		return Resumed{}, wrap(err)
+	}
+	f, lst, err := p.adoptRestored(req, m, startTick, z.recs)
+	if err != nil {
+		return Resumed{}, wrap(err)
+	}
+	if err := p.publishResumed(z, f, lst); err != nil {
+		return Resumed{}, wrap(err)
+	}
+	p.log.V(1).Info("Fiber resumed", "fence", name, "pid", f.pid, "image", req.Image, "restore", restored)
+	res.Listener = rs.listener
+	if lst != nil {
+		res.Listener = lst
+	}
+	res.Fiber = Fiber{Fence: req.Fence, PID: f.pid}
+	return res, nil
+}
+
+// readImage reads the manifest of the image req names and checks that the
+// image may be resumed for req: complete (a manifest, and every image file
+// it lists with its size), of a version fiberd reads, and req's (usableFor).
+// Its errors wrap ErrImageUnusable, or are parseManifest's or usableFor's.
+func readImage(req ResumeRequest) (manifest, error) {
 	b, err := core.ReadFileBounded(filepath.Join(req.Image, manifestName), maxManifestBytes)
 	if err != nil {
-		return Resumed{}, wrap(fmt.Errorf("no complete image: %v: %w", err, ErrImageUnusable))
+		return manifest{}, fmt.Errorf("no complete image: %v: %w", err, ErrImageUnusable)
 	}
 	m, err := parseManifest(b)
 	if err != nil {
-		return Resumed{}, wrap(err)
+		return manifest{}, err
 	}
 	if err := m.usableFor(req); err != nil {
-		return Resumed{}, wrap(err)
+		return manifest{}, err
 	}
 	if err := checkFiles(req.Image, m.Files); err != nil {
-		return Resumed{}, wrap(err)
+		return manifest{}, err
 	}
+	return m, nil
+}
 
-	// The grant must be warm: the resumed fiber is one of its fibers, and
-	// writes to its log.
-	p.mu.Lock()
-	z := p.zygotes[req.Fence.GrantUID]
-	p.mu.Unlock()
+// reserveResume returns the zygote of req's grant with req's fence
+// reserved in it (reserveLocked): the grant must be warm, since the
+// resumed fiber is one of its fibers and writes to its log. The
+// reservation is never answered by the zygote; the caller drops it
+// (unreserve) or publishResumed replaces it with the fiber. It fails with
+// ErrCold when the grant is not warm, ErrImageUnusable when its template
+// spec changed since the park, and core.ErrInvalid when the fence is
+// taken.
+func (p *Proc) reserveResume(req ResumeRequest, m manifest) (*zygote, *pendingClone, error) {
+	z := p.zygoteOf(req.Fence.GrantUID)
 	if z == nil {
-		return Resumed{}, wrap(fmt.Errorf("grant not warm: %w", ErrCold))
+		return nil, nil, fmt.Errorf("grant not warm: %w", ErrCold)
 	}
 	if d := specDigest(z.spec); d != m.SpecDigest {
-		return Resumed{}, wrap(fmt.Errorf("the grant's template spec changed since the park: %w", ErrImageUnusable))
+		return nil, nil, fmt.Errorf("the grant's template spec changed since the park: %w", ErrImageUnusable)
 	}
 	z.mu.Lock()
-	switch {
-	case !z.warm || z.cold || z.stopping:
-		z.mu.Unlock()
-		return Resumed{}, wrap(fmt.Errorf("grant not warm: %w", ErrCold))
-	case z.pending[name] != nil || z.fibers[name] != nil:
-		z.mu.Unlock()
-		return Resumed{}, wrap(fmt.Errorf("already running: %w", core.ErrInvalid))
-	}
-	// A pending entry reserves the fence; the zygote never answers it.
-	pc := &pendingClone{fence: req.Fence, leaf: req.Leaf, ch: make(chan cloneResult, 1)}
-	z.pending[name] = pc
+	pc, err := z.reserveLocked(req.Fence, req.Leaf)
 	z.mu.Unlock()
-	defer func() {
-		z.mu.Lock()
-		if z.pending[name] == pc {
-			delete(z.pending, name)
-		}
-		z.mu.Unlock()
-	}()
+	return z, pc, err
+}
 
-	args := cr.flags("restore", "-D", req.Image, "-o", "restore.log", "-d", "--restore-sibling",
-		"--pidfile", restoredPidfile, "--tcp-close", "--manage-cgroups=ignore")
-	var extra []*os.File
-	inherit := func(f *os.File, id string) {
-		extra = append(extra, f)
-		args = append(args, "--inherit-fd", fmt.Sprintf("fd[%d]:%s", 2+len(extra), id))
+// restoreSetup is criu restore's command line and what it inherits, built
+// by prepareRestore and added to by restore.
+type restoreSetup struct {
+	args  []string
+	extra []*os.File // criu's descriptors 3 and up, named in args by --inherit-fd
+	// listener is what Resume returns as Resumed.Listener unless criu
+	// binds a new one: req.Listener for a unix image, else nil.
+	listener *os.File
+	// undo is run by release, last first: descriptors to close, a unix
+	// path to put back, a record to remove.
+	undo []func(p *Proc)
+}
+
+// inherit hands f to criu as the descriptor that was id in the image.
+func (rs *restoreSetup) inherit(f *os.File, id string) {
+	rs.extra = append(rs.extra, f)
+	rs.args = append(rs.args, "--inherit-fd", fmt.Sprintf("fd[%d]:%s", 2+len(rs.extra), id))
+}
+
+// release runs rs.undo, last first, and empties it.
+func (rs *restoreSetup) release(p *Proc) {
+	for i := len(rs.undo) - 1; i >= 0; i-- {
+		rs.undo[i](p)
 	}
+	rs.undo = nil
+}
+
+// prepareRestore builds the criu restore command line for image m of req:
+// a new write end of the grant's log pipe for each pipe the fiber wrote to
+// (ErrCold when there is no log to write to), and the listener
+// (restoreListener). On error what it opened is released.
+func prepareRestore(cr *criu, z *zygote, req ResumeRequest, m manifest) (*restoreSetup, error) {
+	rs := &restoreSetup{args: cr.flags("restore", "-D", req.Image, "-o", "restore.log", "-d", "--restore-sibling",
+		"--pidfile", restoredPidfile, "--tcp-close", "--manage-cgroups=ignore")}
 	if len(m.Pipes) > 0 {
 		logW, err := z.out.writer()
 		if err != nil {
-			return Resumed{}, wrap(fmt.Errorf("the grant's log: %v: %w", err, ErrCold))
+			return nil, fmt.Errorf("the grant's log: %v: %w", err, ErrCold)
 		}
-		defer logW.Close()
+		rs.undo = append(rs.undo, func(*Proc) { _ = logW.Close() })
 		for _, ino := range m.Pipes {
-			inherit(logW, fmt.Sprintf("pipe:[%d]", ino))
+			rs.inherit(logW, fmt.Sprintf("pipe:[%d]", ino))
 		}
 	}
-	var keepPath string // a unix path criu would unlink, kept by a hard link
-	res.Listener = req.Listener
+	if err := rs.restoreListener(req, m); err != nil {
+		rs.release(z.p)
+		return nil, err
+	}
+	return rs, nil
+}
+
+// restoreListener arranges the image's listener. A unix one is
+// req.Listener (required, a listening unix socket; core.ErrInvalid
+// otherwise), inherited by criu; the socket now at the image's path, which
+// criu unlinks, is kept by a hard link and put back by release. A TCP one
+// is bound anew by criu: req.Listener, if given, must be at the image's
+// address (core.ErrInvalid otherwise) and is closed.
+func (rs *restoreSetup) restoreListener(req ResumeRequest, m manifest) error {
 	switch m.Network {
 	case "unix":
 		if req.Listener == nil {
-			return Resumed{}, wrap(fmt.Errorf("the image's listener is a unix socket: Listener is required: %w", core.ErrInvalid))
+			return fmt.Errorf("the image's listener is a unix socket: Listener is required: %w", core.ErrInvalid)
 		}
 		if n, _, _ := fileListener(req.Listener); n != "unix" {
-			return Resumed{}, wrap(fmt.Errorf("the image's listener is a unix socket; Listener is %q, not a listening unix socket: %w", n, core.ErrInvalid))
+			return fmt.Errorf("the image's listener is a unix socket; Listener is %q, not a listening unix socket: %w", n, core.ErrInvalid)
 		}
-		inherit(req.Listener, fmt.Sprintf("socket:[%d]", m.Inode))
+		rs.listener = req.Listener
+		rs.inherit(req.Listener, fmt.Sprintf("socket:[%d]", m.Inode))
 		// criu unlinks the path the fiber was bound to, even for an
 		// inherited socket; whatever is there now keeps its name.
 		if st, err := os.Lstat(m.Addr); err == nil && st.Mode()&fs.ModeSocket != 0 {
-			keepPath = fmt.Sprintf("%s.keep-%d-%d", m.Addr, req.Fence.Epoch, req.Fence.Seq)
+			keepPath := fmt.Sprintf("%s.keep-%d-%d", m.Addr, req.Fence.Epoch, req.Fence.Seq)
 			_ = os.Remove(keepPath)
-			if err := os.Link(m.Addr, keepPath); err != nil {
-				keepPath = ""
+			if err := os.Link(m.Addr, keepPath); err == nil {
+				rs.undo = append(rs.undo, func(p *Proc) {
+					if err := os.Rename(keepPath, m.Addr); err != nil {
+						p.log.Error(err, "Unix socket path not put back after a resume", "path", m.Addr)
+					}
+				})
 			}
 		}
 	case "tcp", "tcp6":
 		if req.Listener != nil {
 			if n, a, _ := fileListener(req.Listener); n != m.Network || a != m.Addr {
-				return Resumed{}, wrap(fmt.Errorf("the image's listener is %s %s; Listener is %s %q: %w", m.Network, m.Addr, n, a, core.ErrInvalid))
+				return fmt.Errorf("the image's listener is %s %s; Listener is %s %q: %w", m.Network, m.Addr, n, a, core.ErrInvalid)
 			}
 			_ = req.Listener.Close() // criu binds the address anew
-			res.Listener = nil
 		}
-	default:
-		res.Listener = nil
 	}
-	if keepPath != "" {
-		defer func() {
-			if err := os.Rename(keepPath, m.Addr); err != nil {
-				p.log.Error(err, "Unix socket path not put back after a resume", "path", m.Addr)
-			}
-		}()
-	}
-	_ = os.Remove(filepath.Join(req.Image, restoredPidfile))
+	return nil
+}
 
-	cmd := cr.command(ctx, args...)
+// restore runs criu restore of image m (rs's command line) from the
+// Proc's restoring thread, in req's leaf when given. It returns
+// CLOCK_BOOTTIME in clock ticks just before criu started (bootTicks) and
+// how long criu took. A leafless fiber not in a pid namespace of its own
+// is recorded at its pid until release, so that a crash of fiberd
+// mid-restore does not leave it. On failure what criu left is ended
+// (cleanFailedRestore) and the error is restoreFailure's.
+func (p *Proc) restore(ctx context.Context, cr *criu, z *zygote, req ResumeRequest, m manifest, rs *restoreSetup) (int64, time.Duration, error) {
+	_ = os.Remove(filepath.Join(req.Image, restoredPidfile))
+	cmd := cr.command(ctx, rs.args...)
 	cmd.Dir = req.Image
-	cmd.ExtraFiles = extra
-	var leafF *os.File
+	cmd.ExtraFiles = rs.extra
 	if req.Leaf != "" {
-		if leafF, err = cgroup.At(req.Leaf).Open(); err != nil {
-			return Resumed{}, wrap(err)
+		leafF, err := cgroup.At(req.Leaf).Open()
+		if err != nil {
+			return 0, 0, err
 		}
-		defer leafF.Close()
+		rs.undo = append(rs.undo, func(*Proc) { _ = leafF.Close() })
 		cmd.SysProcAttr.UseCgroupFD = true
 		cmd.SysProcAttr.CgroupFD = int(leafF.Fd())
 	}
@@ -571,81 +716,103 @@ func (p *Proc) Resume(ctx context.Context, req ResumeRequest) (res Resumed, err 
 	cmd.Stdout, cmd.Stderr = &outBuf, &outBuf
 	start, startTick := p.cfg.Clock.Now(), bootTicks()
 	if req.Leaf == "" && !m.OwnPIDNS {
-		// Without a leaf nothing else would find a half-restored fiber
-		// after a crash of fiberd: record the pid criu brings it back at.
-		restoring, err := z.recs.AddRestoring(m.PID, uint64(max(startTick, 0)))
-		if err != nil {
-			p.log.Error(err, "Resume not recorded: a crash of fiberd mid-resume could leave the fiber", "fence", name)
-		}
-		defer func() {
-			if err := restoring.Remove(); err != nil {
-				p.log.Error(err, "Restore record not removed", "fence", name)
-			}
-		}()
+		p.recordRestoring(z, rs, req.Fence.String(), m.PID, startTick)
+	}
+	var holder pidHolder // what keeps the fiber's pid from it, if anything
+	if !m.OwnPIDNS {
+		holder = holderOf(m.PID)
 	}
 	rerr := p.ck.spawn.start(cmd)
 	if rerr == nil {
 		rerr = cmd.Wait()
 	}
-	out := outBuf.Bytes()
-	logPath := filepath.Join(req.Image, "restore.log")
 	if rerr != nil {
-		p.cleanFailedRestore(req.Leaf, m, logPath, startTick)
+		p.cleanFailedRestore(req.Leaf, m, startTick)
 		if ctx.Err() != nil {
-			return Resumed{}, wrap(fmt.Errorf("criu restore: %w", ctx.Err()))
+			return 0, 0, fmt.Errorf("criu restore: %w", ctx.Err())
 		}
-		if pidInUse(logPath) && !m.OwnPIDNS {
-			return Resumed{}, wrap(fmt.Errorf("pid %d, which the fiber must get back, is taken by another process now (log %s)", m.PID, logPath))
-		}
-		err := criuFailure("restore", rerr, logPath, req.Image, true)
-		if len(out) > 0 {
-			err = fmt.Errorf("%w; output: %s", err, lastLines(out, 2))
-		}
-		return Resumed{}, wrap(err)
+		return 0, 0, restoreFailure(rerr, outBuf.Bytes(), req.Image, m, holder)
 	}
-	restored := p.cfg.Clock.Since(start)
+	return startTick, p.cfg.Clock.Since(start), nil
+}
 
-	f, lst, err := p.adoptRestored(req, m, logPath, startTick, z.recs)
+// recordRestoring records, until rs is released, that criu is bringing
+// back at pid a fiber of z without a leaf: nothing else would find a
+// half-restored fiber after a crash of fiberd. A record that cannot be
+// written is logged, not failed.
+func (p *Proc) recordRestoring(z *zygote, rs *restoreSetup, name string, pid int, startTick int64) {
+	restoring, err := z.recs.AddRestoring(pid, uint64(max(startTick, 0)))
 	if err != nil {
-		return Resumed{}, wrap(err)
+		p.log.Error(err, "Resume not recorded: a crash of fiberd mid-resume could leave the fiber", "fence", name)
 	}
-	if lst != nil {
-		res.Listener = lst
+	rs.undo = append(rs.undo, func(p *Proc) {
+		if err := restoring.Remove(); err != nil {
+			p.log.Error(err, "Restore record not removed", "fence", name)
+		}
+	})
+}
+
+// restoreFailure explains a failed criu restore of image m, from criu's
+// exit and the state it left, never from the text of its log (see
+// criuFailure): when criu exited by itself and the pid the fiber must get
+// back (m.PID, outside a pid namespace of its own) is still held by holder,
+// the process that held it just before criu started, it says so (a
+// transient failure: the image is fine); else it is criuFailure's. The
+// last lines of criu's output, if any, are appended.
+func restoreFailure(runErr error, out []byte, image string, m manifest, holder pidHolder) error {
+	logPath := filepath.Join(image, "restore.log")
+	if !m.OwnPIDNS && criuExited(runErr) && holder.stillHeld(m.PID) {
+		return fmt.Errorf("pid %d, which the fiber must get back, is taken by another process now (log %s)", m.PID, logPath)
 	}
+	err := criuFailure("restore", runErr, logPath, image, true)
+	if len(out) > 0 {
+		err = fmt.Errorf("%w; output: %s", err, lastLines(out, 2))
+	}
+	return err
+}
+
+// publishResumed makes f, restored from an image, one of z's fibers in
+// place of its reservation, and hands it to the watcher. It fails with
+// ErrCold when the zygote ended meanwhile (f is discarded) and with
+// errClosed when Close came first (f is killed, reaped and finished
+// without an Exit); lst, the copy of f's new listener, is closed then.
+func (p *Proc) publishResumed(z *zygote, f *fiber, lst *os.File) error {
+	name := f.fence.String()
 	z.mu.Lock()
 	if z.cold || z.stopping {
 		z.mu.Unlock()
 		p.discard(f)
-		if lst != nil {
-			_ = lst.Close()
-		}
-		return Resumed{}, wrap(fmt.Errorf("the grant's zygote ended meanwhile: %w", ErrCold))
+		closeFile(lst)
+		return fmt.Errorf("the grant's zygote ended meanwhile: %w", ErrCold)
 	}
 	delete(z.pending, name)
 	z.fibers[name] = f
 	z.mu.Unlock()
-	if !p.watch(f, z) {
-		// Close came first: end the fiber here, without an Exit.
-		z.mu.Lock()
-		if z.fibers[name] == f {
-			delete(z.fibers, name)
-		}
-		z.mu.Unlock()
-		f.silent.Store(true)
-		ctx, cancel := core.WithTimeout(context.Background(), p.cfg.Clock, p.cfg.KillTimeout)
-		_ = f.signal(ctx)
-		p.reapBlocking(ctx, f.pidfd)
-		cancel()
-		f.closePidfd()
-		p.finish(f, ExitReason{Killed: true}) // closes done for whoever waits; removes the leaf
-		if lst != nil {
-			_ = lst.Close()
-		}
-		return Resumed{}, wrap(errClosed)
+	if p.watch(f, z) {
+		return nil
 	}
-	p.log.V(1).Info("Fiber resumed", "fence", name, "pid", f.pid, "image", req.Image, "restore", restored)
-	res.Fiber = Fiber{Fence: req.Fence, PID: f.pid}
-	return res, nil
+	// Close came first: end the fiber here, without an Exit.
+	z.mu.Lock()
+	if z.fibers[name] == f {
+		delete(z.fibers, name)
+	}
+	z.mu.Unlock()
+	f.silent.Store(true)
+	ctx, cancel := core.WithTimeout(context.Background(), p.cfg.Clock, p.cfg.KillTimeout)
+	_ = f.signal(ctx)
+	p.reapBlocking(ctx, f.pidfd)
+	cancel()
+	f.closePidfd()
+	p.finish(f, ExitReason{Killed: true}) // closes done for whoever waits; removes the leaf
+	closeFile(lst)
+	return errClosed
+}
+
+// closeFile closes f unless it is nil.
+func closeFile(f *os.File) {
+	if f != nil {
+		_ = f.Close()
+	}
 }
 
 // restoredPidfile is where criu restore writes the restored fiber's pid,
@@ -656,7 +823,7 @@ const restoredPidfile = "restored.pid"
 // fiberd's child; for a TCP image it also takes a copy of the fiber's new
 // listener (pidfd_getfd of its descriptor 3). A fiber without a leaf is
 // recorded in recs, as a cloned one is.
-func (p *Proc) adoptRestored(req ResumeRequest, m manifest, logPath string, startTick int64, recs *procrec.Dir) (*fiber, *os.File, error) {
+func (p *Proc) adoptRestored(req ResumeRequest, m manifest, startTick int64, recs *procrec.Dir) (*fiber, *os.File, error) {
 	b, err := os.ReadFile(filepath.Join(req.Image, restoredPidfile))
 	if err != nil {
 		return nil, nil, fmt.Errorf("criu restore wrote no pid file: %w", err)
@@ -668,7 +835,7 @@ func (p *Proc) adoptRestored(req ResumeRequest, m manifest, logPath string, star
 	pidfd, _, err := fiberPidfd(pid, os.Getpid())
 	if err != nil {
 		// Not ours to reap, or gone already: end what may be left.
-		p.cleanFailedRestore(req.Leaf, m, logPath, startTick)
+		p.cleanFailedRestore(req.Leaf, m, startTick)
 		return nil, nil, fmt.Errorf("restored fiber %d: %w", pid, err)
 	}
 	f := newFiber(req.Fence, pid, req.Leaf)
@@ -714,20 +881,20 @@ func (p *Proc) discard(f *fiber) {
 // what of it is fiberd's child (criu kills the tasks it restored, but the
 // restored root, forked as criu's sibling, is fiberd's zombie then): with a
 // leaf, every process in it (criu ran there) and every zombie child of
-// fiberd that was in it. Without a leaf, only the zombie child of fiberd at
-// the fiber's pid, when criu did not fail for that pid being taken, and the
-// zombie has the fiber's name and was born after criu started (so it is
-// never another child of fiberd's); an image of a fiber that led its own
+// fiberd that was in it. Without a leaf, only a zombie child of fiberd at
+// the fiber's pid that has the fiber's name (or criu's) and was born after
+// criu started (restoredZombie): so it is never another child of fiberd's,
+// nor whatever holds the pid when criu failed for it being taken; an image of a fiber that led its own
 // pid namespace then leaves nothing findable: give Resume a leaf.
 // startTick is CLOCK_BOOTTIME in clock ticks just before criu started.
-func (p *Proc) cleanFailedRestore(leaf string, m manifest, logPath string, startTick int64) {
+func (p *Proc) cleanFailedRestore(leaf string, m manifest, startTick int64) {
 	ctx, cancel := core.WithTimeout(context.Background(), p.cfg.Clock, p.cfg.KillTimeout)
 	defer cancel()
 	var pids []int
 	if leaf != "" {
 		pids, _ = cgroup.At(leaf).Procs()
 		pids = append(pids, zombieChildrenIn(leaf)...)
-	} else if !m.OwnPIDNS && m.Comm != "" && !pidInUse(logPath) && restoredZombie(m.PID, m.Comm, startTick) {
+	} else if !m.OwnPIDNS && m.Comm != "" && restoredZombie(m.PID, m.Comm, startTick) {
 		pids = append(pids, m.PID)
 	}
 	var fds []int
@@ -787,24 +954,14 @@ func zombieChildrenIn(leaf string) []int {
 	}
 	want := strings.TrimPrefix(leaf, mount)
 	var out []int
-	self := os.Getpid()
-	tasks, _ := os.ReadDir(fmt.Sprintf("/proc/%d/task", self))
-	for _, task := range tasks {
-		b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/children", self, task.Name()))
-		for _, f := range strings.Fields(string(b)) {
-			pid, err := strconv.Atoi(f)
-			if err != nil {
-				continue
-			}
-			st, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-			if i := strings.LastIndexByte(string(st), ')'); err != nil || i < 0 || len(st) < i+3 || st[i+2] != 'Z' {
-				continue
-			}
-			cg, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
-			for _, line := range strings.Split(string(cg), "\n") {
-				if p, ok := strings.CutPrefix(line, "0::"); ok && p == want {
-					out = append(out, pid)
-				}
+	for _, pid := range fiberdChildren() {
+		if st, err := procrec.ReadStat(pid); err != nil || !st.Zombie {
+			continue
+		}
+		cg, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
+		for _, line := range strings.Split(string(cg), "\n") {
+			if p, ok := strings.CutPrefix(line, "0::"); ok && p == want {
+				out = append(out, pid)
 			}
 		}
 	}
@@ -862,10 +1019,15 @@ func fileListener(f *os.File) (network, addr string, ino uint64) {
 
 // runRecorded runs cmd as CombinedOutput does, with a record of it in recs
 // (a nil recs records nothing) from its start until it has been waited for,
-// so that New's sweep after a crash of fiberd ends its session.
-func runRecorded(cmd *exec.Cmd, recs *procrec.Dir) ([]byte, error) {
+// so that New's sweep after a crash of fiberd ends its session. Once cmd
+// has ended, its output is read for at most waitDelay more (a process it
+// forked may outlive it holding the output: a criu killed mid-dump); when
+// cmd failed, what is left of its process group is then killed, so that
+// nothing of a failed run outlives it.
+func runRecorded(cmd *exec.Cmd, recs *procrec.Dir, waitDelay time.Duration) ([]byte, error) {
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
+	cmd.WaitDelay = waitDelay
 	if err := cmd.Start(); err != nil {
 		return nil, err
 	}
@@ -874,6 +1036,9 @@ func runRecorded(cmd *exec.Cmd, recs *procrec.Dir) ([]byte, error) {
 		rec, _ = recs.AddProcess(cmd.Process.Pid, st.Start)
 	}
 	err := cmd.Wait()
+	if err != nil && cmd.SysProcAttr != nil && cmd.SysProcAttr.Setsid {
+		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+	}
 	_ = rec.Remove()
 	return out.Bytes(), err
 }

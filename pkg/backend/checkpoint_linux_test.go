@@ -523,75 +523,30 @@ func TestResumeRefusals(t *testing.T) {
 // size, a TCP address in use, the fiber's pid taken) leaves nothing
 // running, is not ErrImageUnusable, and the intact image still resumes.
 func TestResumeFailures(t *testing.T) {
-	p := newCkpt(t)
-	var (
-		leaf  string
-		grant cgroup.Grant
-		tree  *cgroup.Tree
-	)
-	if os.Getenv("FIBERD_NO_CGROUP") == "" {
-		if mount, err := cgroup.Mount(); err == nil {
-			if _, err := os.Stat(filepath.Join(mount, "cgroup.procs")); err == nil {
-				tree, _ = cgroupRoot(t)
-			}
-		}
-	}
-	uid, f, ep := running(t, p, false, 1, "")
-	if tree != nil {
-		var err error
-		if grant, err = tree.Grant(uid); err != nil {
-			t.Fatal(err)
-		}
-	}
-	newLeaf := func(seq uint64) string {
-		if tree == nil {
-			return ""
-		}
-		l, err := grant.Fiber(1, seq)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return l.Path()
-	}
-	dir := filepath.Join(t.TempDir(), "img")
-	park(t, p, f.Fence, dir)
-	nextExit(t, p)
+	x := newParkedFixture(t)
+	p, uid, f, ep, dir := x.p, x.uid, x.f, x.ep, x.dir
 	ctx := ctxT(t)
 	next := fence(uid, 2)
-	checkNothingLeft := func(what string) {
-		t.Helper()
-		onlyZygote(t, uid)
-		if leaf != "" {
-			if procs, _ := cgroup.At(leaf).Procs(); len(procs) != 0 {
-				t.Fatalf("%s: leaf %s holds %v", what, leaf, procs)
-			}
-		}
-		for _, kid := range childrenOf(os.Getpid()) {
-			if st, _, _ := procStat(kid); st == 'Z' {
-				t.Fatalf("%s: zombie child %d left", what, kid)
-			}
-		}
-	}
 
 	// A damaged core image of the right size.
 	damaged := copyImage(t, dir)
 	core1 := imageFile(t, damaged, "core-")
 	st, _ := os.Stat(core1)
 	os.WriteFile(core1, make([]byte, st.Size()), 0o600)
-	leaf = newLeaf(2)
+	leaf := x.newLeaf(t, 2)
 	_, err := p.Resume(ctx, ResumeRequest{Fence: next, Image: damaged, Template: testTemplate, Leaf: leaf})
 	if err == nil || errors.Is(err, ErrImageUnusable) {
 		t.Fatalf("Resume of a damaged image = %v, want a CRIU failure", err)
 	}
 	t.Logf("damaged: %v", err)
-	checkNothingLeft("damaged image")
+	x.checkNothingLeft(t, leaf, "damaged image")
 
 	// The address is still bound (our copy of the listener is open).
 	_, err = p.Resume(ctx, ResumeRequest{Fence: next, Image: dir, Template: testTemplate, Leaf: leaf})
 	if err == nil || errors.Is(err, ErrImageUnusable) || !strings.Contains(err.Error(), "Address already in use") {
 		t.Fatalf("Resume with the address bound = %v, want a CRIU failure naming the address in use", err)
 	}
-	checkNothingLeft("address in use")
+	x.checkNothingLeft(t, leaf, "address in use")
 
 	// The fiber's pid taken by another process.
 	if occ := occupyPID(t, f.PID); occ != nil {
@@ -602,7 +557,7 @@ func TestResumeFailures(t *testing.T) {
 		t.Logf("pid taken: %v", err)
 		occ.Process.Kill()
 		occ.Wait()
-		checkNothingLeft("pid taken")
+		x.checkNothingLeft(t, leaf, "pid taken")
 		ep = listen(t, false) // Resume closed the old copy; the address is free
 		ep.file.Close()
 	} else {
@@ -630,7 +585,74 @@ func TestResumeFailures(t *testing.T) {
 	if leaf != "" && !gone(leaf) {
 		t.Fatalf("leaf %s of a released resumed fiber still exists", leaf)
 	}
-	checkNothingLeft("after release")
+	x.checkNothingLeft(t, leaf, "after release")
+}
+
+// parkedFixture is a TCP fiber of a warm grant, parked (its Exit taken),
+// with the grant's cgroup when the host has cgroup v2 and
+// FIBERD_NO_CGROUP is unset.
+type parkedFixture struct {
+	p     *Proc
+	uid   string
+	f     Fiber
+	ep    endpoint // the fiber's listener, still bound
+	dir   string   // its image
+	tree  *cgroup.Tree
+	grant cgroup.Grant
+}
+
+// newParkedFixture runs a TCP fiber on a new checkpointing Proc and parks
+// it.
+func newParkedFixture(t *testing.T) *parkedFixture {
+	x := &parkedFixture{p: newCkpt(t)}
+	if os.Getenv("FIBERD_NO_CGROUP") == "" {
+		if mount, err := cgroup.Mount(); err == nil {
+			if _, err := os.Stat(filepath.Join(mount, "cgroup.procs")); err == nil {
+				x.tree, _ = cgroupRoot(t)
+			}
+		}
+	}
+	x.uid, x.f, x.ep = running(t, x.p, false, 1, "")
+	if x.tree != nil {
+		var err error
+		if x.grant, err = x.tree.Grant(x.uid); err != nil {
+			t.Fatal(err)
+		}
+	}
+	x.dir = filepath.Join(t.TempDir(), "img")
+	park(t, x.p, x.f.Fence, x.dir)
+	nextExit(t, x.p)
+	return x
+}
+
+// newLeaf makes the leaf of fiber seq of epoch 1 in the grant's cgroup, or
+// returns "" without a cgroup.
+func (x *parkedFixture) newLeaf(t *testing.T, seq uint64) string {
+	if x.tree == nil {
+		return ""
+	}
+	l, err := x.grant.Fiber(1, seq)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l.Path()
+}
+
+// checkNothingLeft fails the test (naming what) unless only the grant's
+// zygote runs, leaf ("": none) is empty, and fiberd has no zombie child.
+func (x *parkedFixture) checkNothingLeft(t *testing.T, leaf, what string) {
+	t.Helper()
+	onlyZygote(t, x.uid)
+	if leaf != "" {
+		if procs, _ := cgroup.At(leaf).Procs(); len(procs) != 0 {
+			t.Fatalf("%s: leaf %s holds %v", what, leaf, procs)
+		}
+	}
+	for _, kid := range childrenOf(os.Getpid()) {
+		if st, _, _ := procStat(kid); st == 'Z' {
+			t.Fatalf("%s: zombie child %d left", what, kid)
+		}
+	}
 }
 
 func mustMount(t *testing.T) string {
@@ -994,102 +1016,28 @@ func killedMid(t *testing.T, what string) {
 		tree, _ = cgroupRoot(t)
 	}
 	dir := t.TempDir()
-	cmd := exec.Command(os.Args[0], "-test.run=^"+t.Name()+"$", "-test.v", "-test.count=1")
-	tmp := filepath.Join(dir, "tmp") // the helper's own temporary directories, never cleaned by it
-	if err := os.Mkdir(tmp, 0o700); err != nil {
-		t.Fatal(err)
-	}
-	cmd.Env = append(os.Environ(), killedEnv+"="+what+" "+dir, "TMPDIR="+tmp)
-	if tree != nil {
-		cmd.Env = append(cmd.Env, killedEnv+"_CGROUP="+tree.Root())
-	}
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd.Stderr = cmd.Stdout
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	var log strings.Builder
-	lines := make(chan string)
-	go func() {
-		defer close(lines)
-		buf := make([]byte, 4096)
-		var acc string
-		for {
-			n, err := out.Read(buf)
-			acc += string(buf[:n])
-			for {
-				i := strings.IndexByte(acc, '\n')
-				if i < 0 {
-					break
-				}
-				lines <- acc[:i]
-				acc = acc[i+1:]
-			}
-			if err != nil {
-				return
-			}
-		}
-	}()
-	var uid, leaf string
-	for l := range lines {
-		log.WriteString(l + "\n")
-		if rest, ok := strings.CutPrefix(l, "GO "); ok {
-			uid, leaf, _ = strings.Cut(rest, " ")
-			break
-		}
-	}
-	if uid == "" {
-		cmd.Wait()
-		t.Fatalf("the helper did not get to the %s:\n%s", what, log.String())
-	}
-	criuPid := 0
-	for deadline := time.Now().Add(20 * time.Second); criuPid == 0 && time.Now().Before(deadline); {
-		for _, kid := range childrenOf(cmd.Process.Pid) {
-			if comm, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", kid)); strings.TrimSpace(string(comm)) == "criu" {
-				criuPid = kid
-			}
-		}
-	}
-	if criuPid == 0 {
-		cmd.Process.Kill()
-		cmd.Wait()
-		t.Fatalf("no criu seen under the helper:\n%s", log.String())
-	}
+	h := startKilledHelper(t, what, dir, tree)
+	uid, leaf := h.awaitGo(t, what)
+	criuPid := h.awaitCriu(t)
 	// Into the dump's page writing, or the restore's forking of the fiber.
 	delay := 30 * time.Millisecond
 	if what == "resume" {
 		delay = 200 * time.Millisecond
 	}
 	time.Sleep(delay)
-	cmd.Process.Kill()
+	h.cmd.Process.Kill()
 	go func() {
-		for l := range lines {
-			log.WriteString(l + "\n")
+		for l := range h.lines {
+			h.log.WriteString(l + "\n")
 		}
 	}()
-	cmd.Wait()
+	h.cmd.Wait()
 	waitGone(t, criuPid)
 
 	img := filepath.Join(dir, "img")
 	switch what {
 	case "park":
-		if _, err := os.Stat(img); err == nil {
-			if _, err := os.Stat(filepath.Join(img, manifestName)); err != nil {
-				t.Fatalf("%s exists without its manifest: a torn image", img)
-			}
-			t.Logf("the park completed before the kill: %s is a complete image", img)
-		} else if _, err := os.Stat(img + partialSuffix); err == nil {
-			t.Logf("a partial image is left, as documented")
-		}
-		if err := RemoveImage(img); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := os.Stat(img + partialSuffix); !errors.Is(err, os.ErrNotExist) {
-			t.Fatalf("RemoveImage left %s", img+partialSuffix)
-		}
+		checkKilledPark(t, img)
 	case "resume":
 		// The half-restored fiber, if any, is in the leaf: killing the
 		// leaf (what the agent does with a previous epoch's leaves)
@@ -1113,6 +1061,116 @@ func killedMid(t *testing.T, what string) {
 		}
 	}
 	noStrays(t, uid)
+}
+
+// killedProc is the test binary run again as the process playing fiberd
+// in killedMid: its output, line by line, and all of it so far.
+type killedProc struct {
+	cmd   *exec.Cmd
+	lines chan string
+	log   strings.Builder
+}
+
+// startKilledHelper starts this test again as the helper that will park
+// or resume (what) in dir, in tree's cgroup when given, and reads its
+// output into lines.
+func startKilledHelper(t *testing.T, what, dir string, tree *cgroup.Tree) *killedProc {
+	cmd := exec.Command(os.Args[0], "-test.run=^"+t.Name()+"$", "-test.v", "-test.count=1")
+	tmp := filepath.Join(dir, "tmp") // the helper's own temporary directories, never cleaned by it
+	if err := os.Mkdir(tmp, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	cmd.Env = append(os.Environ(), killedEnv+"="+what+" "+dir, "TMPDIR="+tmp)
+	if tree != nil {
+		cmd.Env = append(cmd.Env, killedEnv+"_CGROUP="+tree.Root())
+	}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stderr = cmd.Stdout
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	h := &killedProc{cmd: cmd, lines: make(chan string)}
+	go func() {
+		defer close(h.lines)
+		buf := make([]byte, 4096)
+		var acc string
+		for {
+			n, err := out.Read(buf)
+			acc += string(buf[:n])
+			for {
+				i := strings.IndexByte(acc, '\n')
+				if i < 0 {
+					break
+				}
+				h.lines <- acc[:i]
+				acc = acc[i+1:]
+			}
+			if err != nil {
+				return
+			}
+		}
+	}()
+	return h
+}
+
+// awaitGo reads the helper's output up to its "GO <uid> <leaf>" line, said
+// as it starts the park or resume (what), and returns the grant and leaf;
+// the test fails if the helper ends first.
+func (h *killedProc) awaitGo(t *testing.T, what string) (uid, leaf string) {
+	for l := range h.lines {
+		h.log.WriteString(l + "\n")
+		if rest, ok := strings.CutPrefix(l, "GO "); ok {
+			uid, leaf, _ = strings.Cut(rest, " ")
+			break
+		}
+	}
+	if uid == "" {
+		h.cmd.Wait()
+		t.Fatalf("the helper did not get to the %s:\n%s", what, h.log.String())
+	}
+	return uid, leaf
+}
+
+// awaitCriu returns the pid of the criu the helper runs, looked for during
+// 20 s; the test fails (the helper killed) if none is seen.
+func (h *killedProc) awaitCriu(t *testing.T) int {
+	criuPid := 0
+	for deadline := time.Now().Add(20 * time.Second); criuPid == 0 && time.Now().Before(deadline); {
+		for _, kid := range childrenOf(h.cmd.Process.Pid) {
+			if comm, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", kid)); strings.TrimSpace(string(comm)) == "criu" {
+				criuPid = kid
+			}
+		}
+	}
+	if criuPid == 0 {
+		h.cmd.Process.Kill()
+		h.cmd.Wait()
+		t.Fatalf("no criu seen under the helper:\n%s", h.log.String())
+	}
+	return criuPid
+}
+
+// checkKilledPark checks what a park killed midway left at img: a
+// complete image or none (a partial one is documented), and that
+// RemoveImage removes the partial directory.
+func checkKilledPark(t *testing.T, img string) {
+	if _, err := os.Stat(img); err == nil {
+		if _, err := os.Stat(filepath.Join(img, manifestName)); err != nil {
+			t.Fatalf("%s exists without its manifest: a torn image", img)
+		}
+		t.Logf("the park completed before the kill: %s is a complete image", img)
+	} else if _, err := os.Stat(img + partialSuffix); err == nil {
+		t.Logf("a partial image is left, as documented")
+	}
+	if err := RemoveImage(img); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(img + partialSuffix); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("RemoveImage left %s", img+partialSuffix)
+	}
 }
 
 func readComm(pid int) string {

@@ -15,6 +15,8 @@ import (
 	"syscall"
 
 	"golang.org/x/sys/unix"
+
+	"fiberd.io/fiberd/pkg/procrec"
 )
 
 // Driving CRIU.
@@ -37,7 +39,10 @@ import (
 //
 // criu runs with a minimal environment and dies with fiberd (Pdeathsig).
 // Its log (dump.log, restore.log) stays in the image directory; on failure
-// its error lines become the error.
+// its error lines are quoted in the error. What kind of failure it was
+// (ErrNoSpace, ErrBusy, a pid taken) is read from criu's exit and the state
+// it left, never from that text (decision 99): criuFailure, dumpFailure,
+// restoreFailure.
 
 // criuKdatDir is where the CRIU that hack/criu.sh builds keeps its kerndat
 // cache (its RUNDIR). The probe creates it, 0700, when fiberd runs with
@@ -196,16 +201,16 @@ func ownDir(dir string) error {
 	return nil
 }
 
-// criuFailure turns a failed criu run into an error: its exit, the error
-// lines of its log and, when the image's filesystem is full, that (the
-// error then wraps ErrNoSpace). The log's path is named when it is kept.
+// criuFailure turns a failed criu run into an error: criu's exit, the
+// error lines of its log and, when criu exited by itself and the image's
+// filesystem is full (filesystemFull, read from dir, a directory on it),
+// that; the error then wraps ErrNoSpace. The log's path is named when it is
+// kept. The log's lines are shown to say what went wrong; they decide
+// nothing (decision 99): the classes come from criu's exit and the state
+// it left.
 func criuFailure(action string, runErr error, logPath, dir string, kept bool) error {
 	msg := errorLines(logPath, 4)
-	full := strings.Contains(msg, "No space left") || strings.Contains(msg, "Disk quota exceeded")
-	var st unix.Statfs_t
-	if unix.Statfs(dir, &st) == nil && st.Bavail == 0 {
-		full = true
-	}
+	full := criuExited(runErr) && filesystemFull(dir)
 	if full {
 		msg = "the image's filesystem is full (no space left on device)" + prefixed("; ", msg)
 	}
@@ -219,6 +224,95 @@ func criuFailure(action string, runErr error, logPath, dir string, kept bool) er
 		return fmt.Errorf("criu %s failed (%v): %s: %w", action, runErr, msg, ErrNoSpace)
 	}
 	return fmt.Errorf("criu %s failed (%v): %s", action, runErr, msg)
+}
+
+// criuExited reports whether a criu run failed by exiting with a status of
+// its own, rather than being killed by a signal or never starting: only
+// then did criu find something wrong with the fiber or the image, and only
+// then does the state it left say why.
+func criuExited(runErr error) bool {
+	var ee *exec.ExitError
+	return errors.As(runErr, &ee) && ee.Exited()
+}
+
+// filesystemFull reports whether the filesystem holding dir takes no more
+// of fiberd's data: statfs shows no block available to it, or one more
+// block cannot be allocated in dir (ENOSPC, or EDQUOT when it is a quota
+// that ran out, which statfs does not show). The probe file is removed.
+func filesystemFull(dir string) bool {
+	var st unix.Statfs_t
+	if unix.Statfs(dir, &st) != nil {
+		return false
+	}
+	if st.Bavail == 0 {
+		return true
+	}
+	f, err := os.CreateTemp(dir, ".fiberd-space-*")
+	if err != nil {
+		return noSpace(err)
+	}
+	defer os.Remove(f.Name())
+	defer f.Close()
+	n := min(max(int64(st.Bsize), 512), 1<<20)
+	err = unix.Fallocate(int(f.Fd()), 0, 0, n)
+	if errors.Is(err, unix.EOPNOTSUPP) {
+		_, err = f.Write(make([]byte, n))
+	}
+	return noSpace(err)
+}
+
+// noSpace reports whether err says a filesystem or a quota is full.
+func noSpace(err error) bool {
+	return errors.Is(err, unix.ENOSPC) || errors.Is(err, unix.EDQUOT)
+}
+
+// pidHolder is what held a pid just before a criu restore started that
+// must give a fiber that pid back.
+type pidHolder struct {
+	held  bool   // a process (or thread) had the pid
+	start uint64 // its start time, in clock ticks after boot
+}
+
+// holderOf reads what holds pid now.
+func holderOf(pid int) pidHolder {
+	st, err := procrec.ReadStat(pid)
+	if err != nil {
+		return pidHolder{}
+	}
+	return pidHolder{held: true, start: st.Start}
+}
+
+// stillHeld reports whether the process that held pid before the restore
+// holds it still (the same start time): the restore then could not give
+// the fiber its pid back.
+func (h pidHolder) stillHeld(pid int) bool {
+	now := holderOf(pid)
+	return h.held && now.held && now.start == h.start
+}
+
+// unixPeersOf counts the stream sockets in the network namespace of pid
+// that are bound to addr, the address of the fiber's unix listener, other
+// than the listener (inode ino) itself: the server ends of connections to
+// it, accepted or waiting to be (a connection's server end shares its
+// listener's address from the connect on). CRIU cannot dump those, as it
+// cannot dump the client end outside the fiber.
+func unixPeersOf(pid int, addr string, ino uint64) int {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/net/unix", pid))
+	if err != nil || addr == "" {
+		return 0
+	}
+	n := 0
+	for _, line := range strings.Split(string(b), "\n")[1:] {
+		// Num RefCount Protocol Flags Type St Inode [Path]
+		f := strings.Fields(line)
+		if len(f) < 8 || f[4] != "0001" || strings.Join(f[7:], " ") != addr {
+			continue
+		}
+		if i, err := strconv.ParseUint(f[6], 10, 64); err == nil && i != ino {
+			n++
+		}
+	}
+	return n
 }
 
 func prefixed(p, s string) string {
@@ -274,26 +368,6 @@ func lastLines(b []byte, n int) string {
 		lines = lines[len(lines)-n:]
 	}
 	return strings.Join(lines, "; ")
-}
-
-// logHas reports whether a criu log holds any of the phrases.
-func logHas(logPath string, phrases ...string) bool {
-	b, err := os.ReadFile(logPath)
-	if err != nil {
-		return false
-	}
-	for _, ph := range phrases {
-		if bytes.Contains(b, []byte(ph)) {
-			return true
-		}
-	}
-	return false
-}
-
-// pidInUse reports whether a restore failed because the fiber's pid is
-// taken by another process (a transient failure: the image is fine).
-func pidInUse(logPath string) bool {
-	return logHas(logPath, "Can't fork for") && logHas(logPath, "File exists")
 }
 
 // imageFiles lists the regular files of an image directory with their

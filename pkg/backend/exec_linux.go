@@ -201,7 +201,9 @@ func (g *execGrant) release(ids *IDPool) {
 // Clone implements Backend: fork+exec of the shim and the template, with
 // the listener as descriptor 3 and the child born in req.Leaf. An isolated
 // fiber is started through nsinit, which sets LISTEN_PID itself (it is PID
-// 1 of its namespace), and Clone returns once the template runs.
+// 1 of its namespace), and Clone returns once the template runs. Its
+// steps: reserve the fence in the grant (reserve), start the fiber's
+// process (startFiber), and track it until it exits (track).
 func (e *Exec) Clone(ctx context.Context, req CloneRequest) (Fiber, error) {
 	if err := checkClone(req); err != nil {
 		return Fiber{}, err
@@ -213,28 +215,52 @@ func (e *Exec) Clone(ctx context.Context, req CloneRequest) (Fiber, error) {
 	if g == nil {
 		return Fiber{}, fmt.Errorf("fiber %s: grant not warm: %w", fs, ErrCold)
 	}
-	g.mu.Lock()
-	switch {
-	case g.stopping:
-		g.mu.Unlock()
-		return Fiber{}, fmt.Errorf("fiber %s: grant not warm: %w", fs, ErrCold)
-	case g.fibers[fs] != nil || g.starting[fs]:
-		g.mu.Unlock()
-		return Fiber{}, fmt.Errorf("fiber %s: already running: %w", fs, core.ErrInvalid)
+	release, err := g.reserve(fs)
+	if err != nil {
+		return Fiber{}, fmt.Errorf("fiber %s: %w", fs, err)
 	}
-	g.starting[fs] = true
-	g.inflight.Add(1)
-	g.mu.Unlock()
-	defer g.inflight.Done()
-	defer func() {
-		g.mu.Lock()
-		delete(g.starting, fs)
-		g.mu.Unlock()
-	}()
+	defer release()
 	if err := ctx.Err(); err != nil {
 		return Fiber{}, fmt.Errorf("fiber %s: clone: %w", fs, err)
 	}
+	cmd, err := e.startFiber(ctx, g, req)
+	if err != nil {
+		return Fiber{}, fmt.Errorf("fiber %s: %w", fs, err)
+	}
+	f := e.track(g, req, cmd)
+	return Fiber{Fence: req.Fence, PID: f.pid, Isolation: f.level}, nil
+}
 
+// reserve marks fence fs as starting in g, and g as having a Clone in
+// flight, until release is called. It fails with ErrCold when g is being
+// stopped and with core.ErrInvalid when fs runs or starts already. It
+// takes g.mu.
+func (g *execGrant) reserve(fs string) (release func(), err error) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	switch {
+	case g.stopping:
+		return nil, fmt.Errorf("grant not warm: %w", ErrCold)
+	case g.fibers[fs] != nil || g.starting[fs]:
+		return nil, fmt.Errorf("already running: %w", core.ErrInvalid)
+	}
+	g.starting[fs] = true
+	g.inflight.Add(1)
+	return func() {
+		g.mu.Lock()
+		delete(g.starting, fs)
+		g.mu.Unlock()
+		g.inflight.Done()
+	}, nil
+}
+
+// startFiber starts the process of req's fiber: the template's command
+// through the exec shim with the listener as descriptor 3, the fence and
+// payload in its environment, in req's leaf when given; isolated through
+// startIsolated when the grant is. Its errors are the leaf's, or a start
+// error.
+func (e *Exec) startFiber(ctx context.Context, g *execGrant, req CloneRequest) (*exec.Cmd, error) {
+	fs := req.Fence.String()
 	env := append(g.env[:len(g.env):len(g.env)], "LISTEN_FDS=1", "FIBERD_FENCE="+fs)
 	if len(req.Payload) > 0 {
 		env = append(env, "FIBERD_PAYLOAD="+hex.EncodeToString(req.Payload))
@@ -243,41 +269,47 @@ func (e *Exec) Clone(ctx context.Context, req CloneRequest) (Fiber, error) {
 	if req.Leaf != "" {
 		lf, err := cgroup.At(req.Leaf).Open()
 		if err != nil {
-			return Fiber{}, fmt.Errorf("fiber %s: %w", fs, err)
+			return nil, err
 		}
 		defer lf.Close()
 		cgroupFD = int(lf.Fd())
 	}
-	var cmd *exec.Cmd
-	if g.level == IsolationNone {
-		attr := &syscall.SysProcAttr{Setsid: true, Pdeathsig: syscall.SIGKILL}
-		if cgroupFD >= 0 {
-			attr.UseCgroupFD = true
-			attr.CgroupFD = cgroupFD
+	if g.level != IsolationNone {
+		cmd, err := e.startIsolated(ctx, g, req, env, cgroupFD)
+		if err != nil {
+			return nil, fmt.Errorf("start: %w", err)
 		}
-		cmd = &exec.Cmd{
-			Path:        e.cfg.Shell,
-			Args:        append([]string{"sh", "-c", execShim, g.path}, g.spec.Args...),
-			Env:         env,
-			Dir:         g.dir,
-			Stdout:      g.out.w,
-			Stderr:      g.out.w,
-			ExtraFiles:  []*os.File{req.Listener},
-			SysProcAttr: attr,
-		}
-		if err := cmd.Start(); err != nil {
-			return Fiber{}, fmt.Errorf("fiber %s: start: %w", fs, err)
-		}
-	} else {
-		var err error
-		if cmd, err = e.startIsolated(ctx, g, req, env, cgroupFD); err != nil {
-			return Fiber{}, fmt.Errorf("fiber %s: start: %w", fs, err)
-		}
+		return cmd, nil
 	}
+	attr := &syscall.SysProcAttr{Setsid: true, Pdeathsig: syscall.SIGKILL}
+	if cgroupFD >= 0 {
+		attr.UseCgroupFD = true
+		attr.CgroupFD = cgroupFD
+	}
+	cmd := &exec.Cmd{
+		Path:        e.cfg.Shell,
+		Args:        append([]string{"sh", "-c", execShim, g.path}, g.spec.Args...),
+		Env:         env,
+		Dir:         g.dir,
+		Stdout:      g.out.w,
+		Stderr:      g.out.w,
+		ExtraFiles:  []*os.File{req.Listener},
+		SysProcAttr: attr,
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start: %w", err)
+	}
+	return cmd, nil
+}
+
+// track makes the started process cmd req's fiber in g: recorded when it
+// has no leaf (a crash of fiberd then leaves nothing it started; finish
+// removes the record), published in g.fibers, and waited for by a
+// goroutine that finishes it and takes it out of g.fibers.
+func (e *Exec) track(g *execGrant, req CloneRequest, cmd *exec.Cmd) *fiber {
+	fs := req.Fence.String()
 	f := newFiber(req.Fence, cmd.Process.Pid, req.Leaf)
 	if req.Leaf == "" && g.recs != nil {
-		// Without a leaf nothing else finds what the fiber starts after a
-		// crash of fiberd: record its session (finish removes it).
 		if st, err := procrec.ReadStat(f.pid); err == nil {
 			if f.rec, err = g.recs.AddProcess(f.pid, st.Start); err != nil {
 				e.log.Error(err, "Fiber not recorded: a crash of fiberd would leave what it started", "fence", fs)
@@ -299,7 +331,7 @@ func (e *Exec) Clone(ctx context.Context, req CloneRequest) (Fiber, error) {
 		}
 		g.mu.Unlock()
 	}()
-	return Fiber{Fence: req.Fence, PID: f.pid, Isolation: f.level}, nil
+	return f
 }
 
 // startIsolated starts one fiber of an isolated grant through nsinit and

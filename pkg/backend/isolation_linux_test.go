@@ -275,22 +275,9 @@ func testIsolatedFibers(t *testing.T, im impl, w int) {
 		b.(*Proc).SetSpares(uid, w, 8)
 		spares = readySpares(t, b.(*Proc), uid, w)
 	}
-	self := os.Getpid()
 	var zpid int
 	if im.tier == core.TierWarm {
-		zpid = zygotePID(t, uid)
-		st := procStatus(t, zpid)
-		if st["NoNewPrivs"] != "1" || st["CapEff"] != capSysAdminOnly || st["CapAmb"] != capSysAdminOnly {
-			t.Errorf("zygote: NoNewPrivs %s CapEff %s CapAmb %s, want 1 and CAP_SYS_ADMIN alone", st["NoNewPrivs"], st["CapEff"], st["CapAmb"])
-		}
-		for _, ns := range []string{"user", "pid", "mnt", "ipc", "uts"} {
-			if nsOf(t, zpid, ns) == nsOf(t, self, ns) {
-				t.Errorf("zygote shares fiberd's %s namespace", ns)
-			}
-		}
-		if nsOf(t, zpid, "net") != nsOf(t, self, "net") {
-			t.Error("zygote without network none has a network namespace of its own")
-		}
+		zpid = checkIsolatedZygote(t, uid)
 	}
 	ctx := ctxT(t)
 	var fibers []Fiber
@@ -321,43 +308,11 @@ func testIsolatedFibers(t *testing.T, im impl, w int) {
 		if m["pid"] != "1" || m["fence"] != f.Fence.String() || m["cgroup"] != wantCg {
 			t.Errorf("fiber %d answered %q, want pid=1, its fence and cgroup=%s", i, body, wantCg)
 		}
-		st := procStatus(t, f.PID)
-		if st["CapEff"] != "0000000000000000" || st["CapPrm"] != "0000000000000000" || st["CapAmb"] != "0000000000000000" || st["NoNewPrivs"] != "1" {
-			t.Errorf("fiber %d: CapEff %s CapPrm %s CapAmb %s NoNewPrivs %s, want no capability and no_new_privs", i, st["CapEff"], st["CapPrm"], st["CapAmb"], st["NoNewPrivs"])
-		}
-		u, gg := firstID(t, f.PID, "Uid"), firstID(t, f.PID, "Gid")
-		if u == 0 || u != gg || uint32(u) < DefaultIDFirst || uint32(u) >= DefaultIDFirst+DefaultIDCount {
-			t.Errorf("fiber %d runs as uid %d gid %d, want one id of the default range", i, u, gg)
-		}
+		u := checkIsolatedFiber(t, i, f, leaf.Path(), zpid, tree.Root())
 		if gid >= 0 && u != gid {
 			t.Errorf("fibers of one grant run as %d and %d", gid, u)
 		}
 		gid = u
-		if st["Groups"] != "" {
-			t.Errorf("fiber %d has supplementary groups %q", i, st["Groups"])
-		}
-		if zpid != 0 {
-			if firstID(t, zpid, "Uid") != u {
-				t.Errorf("fiber %d and its zygote run as different users", i)
-			}
-			for _, ns := range []string{"pid", "mnt", "ipc"} {
-				if nsOf(t, f.PID, ns) == nsOf(t, zpid, ns) {
-					t.Errorf("fiber %d shares its zygote's %s namespace", i, ns)
-				}
-			}
-		}
-		// It sees its grant's cgroup alone at /sys/fs/cgroup.
-		view, err := os.ReadDir(fmt.Sprintf("/proc/%d/root/sys/fs/cgroup", f.PID))
-		if err != nil {
-			t.Fatal(err)
-		}
-		names := map[string]bool{}
-		for _, e := range view {
-			names[e.Name()] = true
-		}
-		if !names[filepath.Base(leaf.Path())] || !names["cgroup.procs"] || names["unified"] || names[filepath.Base(tree.Root())] {
-			t.Errorf("fiber %d sees at /sys/fs/cgroup %v, want its grant's cgroup alone", i, names)
-		}
 		for _, o := range fibers {
 			if nsOf(t, o.PID, "pid") == nsOf(t, f.PID, "pid") {
 				t.Errorf("fibers %s and %s share a PID namespace", o.Fence, f.Fence)
@@ -392,6 +347,70 @@ func testIsolatedFibers(t *testing.T, im impl, w int) {
 		t.Fatal("GrantIsolation of a stopped grant is not empty")
 	}
 	noStrays(t, uid)
+}
+
+// checkIsolatedZygote checks that grant uid's isolated zygote has
+// no_new_privs and CAP_SYS_ADMIN alone, namespaces of its own but the
+// network's (network none is not asked), and returns its pid.
+func checkIsolatedZygote(t *testing.T, uid string) int {
+	self := os.Getpid()
+	zpid := zygotePID(t, uid)
+	st := procStatus(t, zpid)
+	if st["NoNewPrivs"] != "1" || st["CapEff"] != capSysAdminOnly || st["CapAmb"] != capSysAdminOnly {
+		t.Errorf("zygote: NoNewPrivs %s CapEff %s CapAmb %s, want 1 and CAP_SYS_ADMIN alone", st["NoNewPrivs"], st["CapEff"], st["CapAmb"])
+	}
+	for _, ns := range []string{"user", "pid", "mnt", "ipc", "uts"} {
+		if nsOf(t, zpid, ns) == nsOf(t, self, ns) {
+			t.Errorf("zygote shares fiberd's %s namespace", ns)
+		}
+	}
+	if nsOf(t, zpid, "net") != nsOf(t, self, "net") {
+		t.Error("zygote without network none has a network namespace of its own")
+	}
+	return zpid
+}
+
+// checkIsolatedFiber checks isolated fiber i (f, in leaf; its zygote zpid,
+// 0 for exec; the cgroup tree at treeRoot): no capability and
+// no_new_privs, one id of the default range as uid and gid, no
+// supplementary group, its zygote's user but not its pid, mount and IPC
+// namespaces, and its grant's cgroup alone at /sys/fs/cgroup. It returns
+// the fiber's uid.
+func checkIsolatedFiber(t *testing.T, i uint64, f Fiber, leaf string, zpid int, treeRoot string) int {
+	st := procStatus(t, f.PID)
+	if st["CapEff"] != "0000000000000000" || st["CapPrm"] != "0000000000000000" || st["CapAmb"] != "0000000000000000" || st["NoNewPrivs"] != "1" {
+		t.Errorf("fiber %d: CapEff %s CapPrm %s CapAmb %s NoNewPrivs %s, want no capability and no_new_privs", i, st["CapEff"], st["CapPrm"], st["CapAmb"], st["NoNewPrivs"])
+	}
+	u, gg := firstID(t, f.PID, "Uid"), firstID(t, f.PID, "Gid")
+	if u == 0 || u != gg || uint32(u) < DefaultIDFirst || uint32(u) >= DefaultIDFirst+DefaultIDCount {
+		t.Errorf("fiber %d runs as uid %d gid %d, want one id of the default range", i, u, gg)
+	}
+	if st["Groups"] != "" {
+		t.Errorf("fiber %d has supplementary groups %q", i, st["Groups"])
+	}
+	if zpid != 0 {
+		if firstID(t, zpid, "Uid") != u {
+			t.Errorf("fiber %d and its zygote run as different users", i)
+		}
+		for _, ns := range []string{"pid", "mnt", "ipc"} {
+			if nsOf(t, f.PID, ns) == nsOf(t, zpid, ns) {
+				t.Errorf("fiber %d shares its zygote's %s namespace", i, ns)
+			}
+		}
+	}
+	// It sees its grant's cgroup alone at /sys/fs/cgroup.
+	view, err := os.ReadDir(fmt.Sprintf("/proc/%d/root/sys/fs/cgroup", f.PID))
+	if err != nil {
+		t.Fatal(err)
+	}
+	names := map[string]bool{}
+	for _, e := range view {
+		names[e.Name()] = true
+	}
+	if !names[filepath.Base(leaf)] || !names["cgroup.procs"] || names["unified"] || names[filepath.Base(treeRoot)] {
+		t.Errorf("fiber %d sees at /sys/fs/cgroup %v, want its grant's cgroup alone", i, names)
+	}
+	return u
 }
 
 // warmIn is warm with a run directory of the caller's.

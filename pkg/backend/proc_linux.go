@@ -83,30 +83,24 @@ type zygote struct {
 	readerDone chan struct{} // closed when the reader has stopped
 	dead       chan struct{} // closed when the zygote and its fibers are gone
 
-	mu       sync.Mutex
-	proc     *os.Process // set once started
-	warm     bool
+	// mu guards proc, warm, cold, stopping, pending and fibers, and the
+	// spare pool sp (but for sp.wake and sp.settling, which need no
+	// lock): see spares for why the pool shares it. The fields above mu
+	// are set before the zygote's goroutines start and only read after,
+	// or are channels and atomics. Lock order: Proc.mu, then mu, then
+	// procCkpt.mu.
+	mu sync.Mutex
+	// proc is set once started, under mu and before the reader starts;
+	// the reader and what runs after it read it without mu.
+	proc     *os.Process
+	warm     bool // READY came
 	cold     bool // the zygote process has ended
 	stopping bool // Stop or Close ended it
 	pending  map[string]*pendingClone
 	fibers   map[string]*fiber
 
-	// Spares (spare_linux.go). handover is set when the zygote said
-	// "READY spares"; spareW and spareMax are SetSpares's.
-	handover         bool
-	spareW, spareMax int
-	spareFails       int               // spares in a row that failed to start or died untaken
-	nextSpare        uint64            // the last spare number asked for
-	forking          map[string]bool   // SPARE sent, SPARED not yet seen
-	spares           []*spare          // waiting to be taken, oldest first
-	taking           map[string]*spare // being handed over by a Clone
-	dropping         map[string]*spare // ended by fiberd, EXITED not yet seen
-	takenBy          map[string]string // spare name -> fence of the fiber it became
-	taken            uint64            // Clones served by a spare
-	spareWake        chan struct{}     // wakes spareLoop; buffered 1
-	lastTake         time.Time         // when a Clone last took a spare
-	settling         atomic.Bool       // a wake of spareLoop is scheduled after spareSettle
-	spareArrived     chan struct{}     // closed (and replaced) when a SPARE was answered, or the zygote ended
+	// sp is the zygote's spare pool (spare_linux.go).
+	sp spares
 }
 
 type pendingClone struct {
@@ -121,30 +115,73 @@ type cloneResult struct {
 	err error
 }
 
+// zygoteOf returns grant grantUID's zygote, or nil when it has none. It
+// holds p.mu for the lookup only.
+func (p *Proc) zygoteOf(grantUID string) *zygote {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.zygotes[grantUID]
+}
+
+// warmLocked reports whether the zygote is ready for Clones: it said READY
+// and is neither ending nor stopped. z.mu must be held.
+func (z *zygote) warmLocked() bool {
+	return z.warm && !z.cold && !z.stopping
+}
+
+// reserveLocked reserves fence for a fiber about to be made, by a Clone or
+// a Resume: it records a pendingClone for it in z.pending, so that no other
+// Clone or Resume of the fence proceeds, and returns it. It fails with
+// ErrCold when the grant is not warm (warmLocked) and with core.ErrInvalid
+// when the fence has a fiber or a reservation already. z.mu must be held.
+func (z *zygote) reserveLocked(fence core.Fence, leaf string) (*pendingClone, error) {
+	name := fence.String()
+	switch {
+	case !z.warmLocked():
+		return nil, fmt.Errorf("grant not warm: %w", ErrCold)
+	case z.pending[name] != nil || z.fibers[name] != nil:
+		return nil, fmt.Errorf("already running: %w", core.ErrInvalid)
+	}
+	pc := &pendingClone{fence: fence, leaf: leaf, ch: make(chan cloneResult, 1)}
+	z.pending[name] = pc
+	return pc, nil
+}
+
+// unreserve drops pc's reservation of its fence, if pc still holds it. It
+// takes z.mu.
+func (z *zygote) unreserve(pc *pendingClone) {
+	z.mu.Lock()
+	defer z.mu.Unlock()
+	z.unreserveLocked(pc)
+}
+
+// unreserveLocked is unreserve with z.mu held.
+func (z *zygote) unreserveLocked(pc *pendingClone) {
+	if name := pc.fence.String(); z.pending[name] == pc {
+		delete(z.pending, name)
+	}
+}
+
 // Warmed implements Backend.
 func (p *Proc) Warmed(grantUID string) bool {
-	p.mu.Lock()
-	z := p.zygotes[grantUID]
-	p.mu.Unlock()
+	z := p.zygoteOf(grantUID)
 	if z == nil {
 		return false
 	}
 	z.mu.Lock()
 	defer z.mu.Unlock()
-	return z.warm && !z.cold && !z.stopping
+	return z.warmLocked()
 }
 
 // GrantIsolation implements Backend.
 func (p *Proc) GrantIsolation(grantUID string) Isolation {
-	p.mu.Lock()
-	z := p.zygotes[grantUID]
-	p.mu.Unlock()
+	z := p.zygoteOf(grantUID)
 	if z == nil {
 		return ""
 	}
 	z.mu.Lock()
 	defer z.mu.Unlock()
-	if !z.warm || z.cold || z.stopping {
+	if !z.warmLocked() {
 		return ""
 	}
 	return z.level
@@ -175,7 +212,7 @@ func (p *Proc) Warm(ctx context.Context, req WarmRequest) error {
 		if z == nil {
 			z = p.newZygote(uid, req.Spec, level)
 			z.recs = req.Records
-			z.spareW, z.spareMax = max0(req.Grant.Fibers.Warm), max0(req.Grant.Fibers.Max)
+			z.sp.w, z.sp.max = max0(req.Grant.Fibers.Warm), max0(req.Grant.Fibers.Max)
 			p.zygotes[uid] = z
 			p.mu.Unlock()
 			err := z.start(ctx, req)
@@ -227,17 +264,19 @@ func (p *Proc) newZygote(uid string, spec template.Spec, level Isolation) *zygot
 		p: p, uid: uid, spec: spec, level: level,
 		ready: make(chan struct{}), readerDone: make(chan struct{}), dead: make(chan struct{}),
 		pending: map[string]*pendingClone{}, fibers: map[string]*fiber{},
-		forking: map[string]bool{}, taking: map[string]*spare{}, dropping: map[string]*spare{}, takenBy: map[string]string{},
-		spareWake: make(chan struct{}, 1), spareArrived: make(chan struct{}),
+		sp:            newSpares(),
 		complaintsLog: rate.Sometimes{First: complaintsFirst, Interval: complaintsEvery},
 	}
 }
 
-// start launches the zygote and waits for READY. On failure nothing is
-// left running and z.dead is closed.
+// start starts the zygote and waits for its READY: it acquires the grant's
+// user when isolated, launches the process (launch), sets it running
+// (run) and waits (awaitReady). Whatever fails undoes what start made: the
+// log, the control socket, nsinit's status pipe and, when the process was
+// not launched, the user, and closes readerDone and dead (with a launched
+// process, its wait does that).
 func (z *zygote) start(ctx context.Context, req WarmRequest) (err error) {
 	p := z.p
-	wrap := func(err error) error { return fmt.Errorf("grant %q: warm: %w", z.uid, err) }
 	launched := false
 	defer func() {
 		if err != nil && !launched {
@@ -248,105 +287,74 @@ func (z *zygote) start(ctx context.Context, req WarmRequest) (err error) {
 			close(z.dead)
 		}
 	}()
-	if z.level != IsolationNone {
-		if z.id, err = p.cfg.IDs.acquire(z.uid); err != nil {
-			return wrap(err)
-		}
-	}
-
-	path, lp, err := p.prepare(req, "zygote.log")
-	if err != nil {
-		return wrap(err)
-	}
-	z.out = lp
-	var closers []func() error
+	var undo []func() error // run, in order, if start fails
 	defer func() {
-		for _, c := range closers {
-			_ = c()
+		if err != nil {
+			for _, c := range undo {
+				_ = c()
+			}
 		}
 	}()
-	cleanupOnError := func(c func() error) {
-		closers = append(closers, func() error {
-			if err != nil {
-				return c()
-			}
-			return nil
-		})
+	if z.level != IsolationNone {
+		if z.id, err = p.cfg.IDs.acquire(z.uid); err != nil {
+			return fmt.Errorf("grant %q: warm: %w", z.uid, err)
+		}
 	}
-	cleanupOnError(lp.abort)
+	status, err := z.launch(req, &undo)
+	if err != nil {
+		return fmt.Errorf("grant %q: warm: %w", z.uid, err)
+	}
+	launched = true
+	setup := z.run(status)
+	if err := z.awaitReady(ctx, setup); err != nil {
+		return fmt.Errorf("grant %q: warm: %w", z.uid, err)
+	}
+	return nil
+}
 
+// launch opens the zygote's log (z.out) and control socket (z.conn), makes
+// its cgroup leaf when the grant has a cgroup (zygoteLeaf), and starts its
+// process (spawnZygote), isolated through nsinit when the grant is; it
+// returns nsinit's status (nil when not isolated). The child's copies of
+// the descriptors are closed once it has them, or on failure; what start
+// must undo should it fail later is appended to undo.
+func (z *zygote) launch(req WarmRequest, undo *[]func() error) (*started, error) {
+	path, lp, err := z.p.prepare(req, "zygote.log")
+	if err != nil {
+		return nil, err
+	}
+	z.out = lp
+	*undo = append(*undo, lp.abort)
 	afterStart := []func() error{lp.w.Close} // the child's copies, closed once it has them
 	defer func() {
 		for _, c := range afterStart {
 			_ = c()
 		}
 	}()
-
-	pair, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+	child, err := z.openControl()
 	if err != nil {
-		return wrap(os.NewSyscallError("socketpair", err))
+		return nil, err
 	}
-	parent := os.NewFile(uintptr(pair[0]), "fiberd-control")
-	child := os.NewFile(uintptr(pair[1]), "zygote-control")
-	closers = append(closers, parent.Close) // FileConn dups it
 	afterStart = append(afterStart, child.Close)
-	c, err := net.FileConn(parent)
-	if err != nil {
-		return wrap(fmt.Errorf("control socket: %w", err))
-	}
-	z.conn = c.(*net.UnixConn)
-	cleanupOnError(z.conn.Close)
-
+	*undo = append(*undo, z.conn.Close)
 	cgroupFD := -1
 	if req.Cgroup != "" {
-		z.leaf = filepath.Join(req.Cgroup, "zygote")
-		if err := os.Mkdir(z.leaf, 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
-			return wrap(fmt.Errorf("zygote cgroup: %w", err))
-		}
-		if z.level != IsolationNone {
-			// The grant's user moves its fibers from the zygote's leaf
-			// into theirs, so it may write the cgroup.procs of their
-			// common ancestor, the grant's cgroup (see Clone).
-			if err := cgroup.At(req.Cgroup).ChownProcs(int(z.id)); err != nil {
-				return wrap(err)
-			}
-		}
-		lf, err := cgroup.At(z.leaf).Open()
+		lf, err := z.zygoteLeaf(req.Cgroup)
 		if err != nil {
-			return wrap(fmt.Errorf("zygote cgroup: %w", err))
+			return nil, err
 		}
 		afterStart = append(afterStart, lf.Close)
 		cgroupFD = int(lf.Fd())
 	}
-	env := append(zygoteEnv(p.cfg.Path, req), isolationEnv(z.level, p.cfg.scratchSize(req.Grant))...)
-	argv := append([]string{req.Spec.Command}, req.Spec.Args...)
-	var status *started
-	if z.level == IsolationNone {
-		attr := &syscall.SysProcAttr{Setsid: true, Pdeathsig: syscall.SIGKILL}
-		if cgroupFD >= 0 {
-			attr.UseCgroupFD = true
-			attr.CgroupFD = cgroupFD
-		}
-		z.cmd = &exec.Cmd{
-			Path:        path,
-			Args:        argv,
-			Env:         env,
-			Dir:         workdir(req.Spec, req.RunDir),
-			Stdout:      lp.w,
-			Stderr:      lp.w,
-			ExtraFiles:  []*os.File{child},
-			SysProcAttr: attr,
-		}
+	status, err := z.zygoteCmd(req, path, child, cgroupFD, &afterStart)
+	if err != nil {
+		return nil, err
+	}
+	if status == nil {
 		err = z.cmd.Start()
 	} else {
-		status, err = z.isolated(req, path, argv, env, child, cgroupFD, &afterStart)
-		if err != nil {
-			return wrap(err)
-		}
-		st := status
-		cleanupOnError(func() error { st.closeParent(); return nil })
-		z.cmd = status.cmd
-		err = p.iso.start(z.cmd, req.Cgroup)
+		*undo = append(*undo, func() error { status.closeParent(); return nil })
+		err = z.p.iso.start(z.cmd, req.Cgroup)
 		status.closeChild()
 	}
 	for _, c := range afterStart {
@@ -357,9 +365,96 @@ func (z *zygote) start(ctx context.Context, req WarmRequest) (err error) {
 		if z.leaf != "" {
 			_ = cgroup.At(z.leaf).Remove()
 		}
-		return wrap(err)
+		return nil, err
 	}
-	launched = true
+	return status, nil
+}
+
+// openControl makes the control socket pair: fiberd's end becomes z.conn,
+// the other, returned, is the zygote's descriptor 3 (the caller closes it
+// once the zygote has it).
+func (z *zygote) openControl() (*os.File, error) {
+	pair, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return nil, os.NewSyscallError("socketpair", err)
+	}
+	parent := os.NewFile(uintptr(pair[0]), "fiberd-control")
+	child := os.NewFile(uintptr(pair[1]), "zygote-control")
+	c, err := net.FileConn(parent)
+	_ = parent.Close() // FileConn dups it
+	if err != nil {
+		_ = child.Close()
+		return nil, fmt.Errorf("control socket: %w", err)
+	}
+	z.conn = c.(*net.UnixConn)
+	return child, nil
+}
+
+// zygoteLeaf makes the zygote's leaf, <grantCgroup>/zygote (z.leaf), and
+// opens it for the zygote to be started in. For an isolated grant it gives
+// the grant's user the grant cgroup's cgroup.procs: that user moves its
+// fibers from the zygote's leaf into theirs, so it may write the
+// cgroup.procs of their common ancestor (see sendClone).
+func (z *zygote) zygoteLeaf(grantCgroup string) (*os.File, error) {
+	z.leaf = filepath.Join(grantCgroup, "zygote")
+	if err := os.Mkdir(z.leaf, 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
+		return nil, fmt.Errorf("zygote cgroup: %w", err)
+	}
+	if z.level != IsolationNone {
+		if err := cgroup.At(grantCgroup).ChownProcs(int(z.id)); err != nil {
+			return nil, err
+		}
+	}
+	lf, err := cgroup.At(z.leaf).Open()
+	if err != nil {
+		return nil, fmt.Errorf("zygote cgroup: %w", err)
+	}
+	return lf, nil
+}
+
+// zygoteCmd sets z.cmd, the zygote's command with child as its
+// descriptor 3, to be started in the leaf cgroupFD names (-1: none):
+// directly when the grant is not isolated, else through nsinit
+// (isolated), whose status it returns (nil when not isolated).
+// Descriptors the child gets are appended to afterStart.
+func (z *zygote) zygoteCmd(req WarmRequest, path string, child *os.File, cgroupFD int, afterStart *[]func() error) (*started, error) {
+	p := z.p
+	env := append(zygoteEnv(p.cfg.Path, req), isolationEnv(z.level, p.cfg.scratchSize(req.Grant))...)
+	argv := append([]string{req.Spec.Command}, req.Spec.Args...)
+	if z.level != IsolationNone {
+		status, err := z.isolated(req, path, argv, env, child, cgroupFD, afterStart)
+		if err != nil {
+			return nil, err
+		}
+		z.cmd = status.cmd
+		return status, nil
+	}
+	attr := &syscall.SysProcAttr{Setsid: true, Pdeathsig: syscall.SIGKILL}
+	if cgroupFD >= 0 {
+		attr.UseCgroupFD = true
+		attr.CgroupFD = cgroupFD
+	}
+	z.cmd = &exec.Cmd{
+		Path:        path,
+		Args:        argv,
+		Env:         env,
+		Dir:         workdir(req.Spec, req.RunDir),
+		Stdout:      z.out.w,
+		Stderr:      z.out.w,
+		ExtraFiles:  []*os.File{child},
+		SysProcAttr: attr,
+	}
+	return nil, nil
+}
+
+// run records the launched zygote (z.rec), publishes its process (z.proc;
+// killing it at once if Stop came while it started) and starts the
+// goroutines that serve it: the log copier, the reader, wait and
+// spareLoop, and, when isolated, one reading nsinit's status. The channel
+// returned gets what nsinit reported ("" once the template runs) when the
+// zygote is isolated, and nothing otherwise.
+func (z *zygote) run(status *started) <-chan string {
+	p := z.p
 	if st, err := procrec.ReadStat(z.cmd.Process.Pid); err == nil {
 		if z.rec, err = z.recs.AddProcess(z.cmd.Process.Pid, st.Start); err != nil {
 			p.log.Error(err, "Zygote not recorded: a crash of fiberd would leave what it started", "grant", z.uid)
@@ -372,19 +467,17 @@ func (z *zygote) start(ctx context.Context, req WarmRequest) (err error) {
 	if stopped {
 		z.kill() // Stop came while it was starting
 	}
-	// What nsinit reports, when isolated: "" once the template runs.
 	setup := make(chan string, 1)
 	if status != nil {
-		st := status
-		status = nil
 		p.wg.Add(1)
 		go func() {
 			defer p.wg.Done()
-			msg, _ := readStatus(st.status) // ends at the exec, or when the process dies
-			st.closeParent()
+			msg, _ := readStatus(status.status) // ends at the exec, or when the process dies
+			status.closeParent()
 			setup <- msg
 		}()
 	}
+	lp := z.out
 	p.wg.Add(4)
 	go func() { defer p.wg.Done(); lp.copy() }()
 	go func() { defer p.wg.Done(); z.read() }()
@@ -392,7 +485,16 @@ func (z *zygote) start(ctx context.Context, req WarmRequest) (err error) {
 	go func() { defer p.wg.Done(); z.spareLoop() }()
 	p.log.Info("Zygote started", "grant", z.uid, "pid", z.cmd.Process.Pid, "cgroup", z.leaf, "log", lp.path,
 		"isolation", z.level.String(), "uid", z.id)
+	return setup
+}
 
+// awaitReady waits for the zygote's READY, at most WarmTimeout and while
+// ctx lasts. It fails with ErrCold when the zygote died first (naming its
+// log's tail and, when isolated, what nsinit reported on setup), and with
+// ctx's error or the timeout once it has killed the zygote and seen it
+// dead.
+func (z *zygote) awaitReady(ctx context.Context, setup <-chan string) error {
+	p, lp := z.p, z.out
 	wctx, cancel := core.WithTimeout(ctx, p.cfg.Clock, p.cfg.WarmTimeout)
 	defer cancel()
 	select {
@@ -411,7 +513,7 @@ func (z *zygote) start(ctx context.Context, req WarmRequest) (err error) {
 		if why == "" && z.level != IsolationNone {
 			why = isolatedHint(z.id)
 		}
-		err = fmt.Errorf("zygote exited before READY (log %s: %q%s): %w", lp.path, logTail(lp.path), why, ErrCold)
+		return fmt.Errorf("zygote exited before READY (log %s: %q%s): %w", lp.path, logTail(lp.path), why, ErrCold)
 	case <-wctx.Done():
 		why := ctx.Err()
 		if why == nil {
@@ -419,9 +521,8 @@ func (z *zygote) start(ctx context.Context, req WarmRequest) (err error) {
 		}
 		z.kill()
 		<-z.dead
-		err = fmt.Errorf("zygote not ready: %w (log %s)", why, lp.path)
+		return fmt.Errorf("zygote not ready: %w (log %s)", why, lp.path)
 	}
-	return wrap(err)
 }
 
 // isolated builds the command that starts the zygote through nsinit: its
@@ -562,106 +663,128 @@ func closeAll(fds []int) {
 // handle acts on one message of the zygote; pidfd is the descriptor a
 // CLONED carried, or -1, and handle owns it.
 func (z *zygote) handle(m message, pidfd int) {
-	p := z.p
 	switch m.kind {
 	case msgReady:
 		z.mu.Lock()
 		if !z.warm {
 			z.warm = true
-			z.handover = m.spares
+			z.sp.handover = m.spares
 			close(z.ready)
 		}
 		z.mu.Unlock()
 		z.kick()
 	case msgCloned:
-		// The pidfd lets wait reap the fiber should the zygote die first
-		// (see reapOrphans). z.proc was set before this reader started.
-		pid, pidfd, start, perr := z.fiberProcess(m.pid, pidfd)
-		z.mu.Lock()
-		pc := z.pending[m.fence]
-		if pc == nil {
-			z.mu.Unlock()
-			if pidfd >= 0 {
-				_ = unix.Close(pidfd)
-			}
-			z.complain("Zygote reported a fiber nobody asked for; ignored", "fence", m.fence, "pid", m.pid)
-			return
-		}
-		delete(z.pending, m.fence)
-		if pid == 0 {
-			// The process is not the zygote's child (or, for an isolated
-			// zygote, cannot be found among its children): refuse the
-			// fiber, end what it can.
-			abandoned := pc.abandoned
-			z.mu.Unlock()
-			z.complain("Zygote reported a fiber fiberd cannot find among its children; refused", "fence", m.fence, "zygotePid", m.pid, "err", perr.Error())
-			if pc.leaf != "" {
-				ctx, cancel := core.WithTimeout(context.Background(), p.cfg.Clock, p.cfg.KillTimeout)
-				_ = cgroup.At(pc.leaf).Kill(ctx)
-				cancel()
-			}
-			if !abandoned {
-				pc.ch <- cloneResult{err: fmt.Errorf("zygote reported fiber %d, which is not a child of it that fiberd can find: %v", m.pid, perr)}
-			}
-			return
-		}
-		f := newFiber(pc.fence, pid, pc.leaf)
-		f.pidfd = pidfd
-		f.level = fiberLevel(z.level, pid, z.proc.Pid)
-		z.fibers[m.fence] = f
-		if pc.abandoned {
-			f.silent.Store(true)
-			f.killed.Store(true)
-		}
-		z.mu.Unlock()
-		if perr != nil {
-			p.log.V(1).Info("Fiber not tracked for reaping: it would stay a zombie of fiberd if its zygote died first", "fence", m.fence, "pid", m.pid, "err", perr.Error())
-		}
-		if pc.leaf == "" && start != 0 {
-			// Without a leaf nothing else finds what the fiber starts
-			// after a crash of fiberd: record its session. finish removes
-			// the record; it runs on this reader's EXITED, or after the
-			// reader stopped, so never before this.
-			rec, err := z.recs.AddProcess(pid, start)
-			if err != nil {
-				p.log.Error(err, "Fiber not recorded: a crash of fiberd would leave what it started", "fence", m.fence)
-			}
-			f.rec = rec
-		}
-		if pc.abandoned {
-			p.log.Info("Fiber arrived after its Clone gave up; killing it", "fence", m.fence, "pid", m.pid)
-			p.wg.Add(1)
-			go func() {
-				defer p.wg.Done()
-				ctx, cancel := core.WithTimeout(context.Background(), p.cfg.Clock, p.cfg.KillTimeout)
-				defer cancel()
-				_ = f.signal(ctx)
-			}()
-			return
-		}
-		pc.ch <- cloneResult{f: f}
+		z.cloned(m, pidfd)
 	case msgError, msgExited:
-		if m.spare {
-			f, ok := z.spareEnded(m)
-			if ok {
-				f.closePidfd() // the zygote reaped it
-				p.wg.Add(1)
-				go func() { defer p.wg.Done(); p.finish(f, m.exit) }()
-			}
-			z.kick()
-			return
-		}
-		if m.kind == msgExited {
-			z.exited(m)
-			return
-		}
-		z.mu.Lock()
-		pc := z.pending[m.fence]
-		delete(z.pending, m.fence)
+		z.ended(m)
+	}
+}
+
+// cloned handles CLONED: the fiber the zygote forked for a pending Clone
+// becomes one of z's fibers and is handed to that Clone; pidfd (owned) lets
+// wait reap it should the zygote die first (see reapOrphans). A fiber
+// nobody asked for is ignored, one fiberd cannot find among the zygote's
+// children is refused (refuseCloned), and one whose Clone gave up is
+// killed without an Exit.
+func (z *zygote) cloned(m message, pidfd int) {
+	p := z.p
+	// z.proc was set before this reader started.
+	pid, pidfd, start, perr := z.fiberProcess(m.pid, pidfd)
+	z.mu.Lock()
+	pc := z.pending[m.fence]
+	if pc == nil {
 		z.mu.Unlock()
-		if pc != nil {
-			pc.ch <- cloneResult{err: fmt.Errorf("zygote refused: %s", m.reason)}
+		if pidfd >= 0 {
+			_ = unix.Close(pidfd)
 		}
+		z.complain("Zygote reported a fiber nobody asked for; ignored", "fence", m.fence, "pid", m.pid)
+		return
+	}
+	delete(z.pending, m.fence)
+	if pid == 0 {
+		abandoned := pc.abandoned
+		z.mu.Unlock()
+		z.refuseCloned(m, pc, abandoned, perr)
+		return
+	}
+	f := newFiber(pc.fence, pid, pc.leaf)
+	f.pidfd = pidfd
+	f.level = fiberLevel(z.level, pid, z.proc.Pid)
+	z.fibers[m.fence] = f
+	if pc.abandoned {
+		f.silent.Store(true)
+		f.killed.Store(true)
+	}
+	z.mu.Unlock()
+	if perr != nil {
+		p.log.V(1).Info("Fiber not tracked for reaping: it would stay a zombie of fiberd if its zygote died first", "fence", m.fence, "pid", m.pid, "err", perr.Error())
+	}
+	if pc.leaf == "" && start != 0 {
+		// Without a leaf nothing else finds what the fiber starts
+		// after a crash of fiberd: record its session. finish removes
+		// the record; it runs on this reader's EXITED, or after the
+		// reader stopped, so never before this.
+		rec, err := z.recs.AddProcess(pid, start)
+		if err != nil {
+			p.log.Error(err, "Fiber not recorded: a crash of fiberd would leave what it started", "fence", m.fence)
+		}
+		f.rec = rec
+	}
+	if pc.abandoned {
+		p.log.Info("Fiber arrived after its Clone gave up; killing it", "fence", m.fence, "pid", m.pid)
+		p.wg.Add(1)
+		go func() {
+			defer p.wg.Done()
+			ctx, cancel := core.WithTimeout(context.Background(), p.cfg.Clock, p.cfg.KillTimeout)
+			defer cancel()
+			_ = f.signal(ctx)
+		}()
+		return
+	}
+	pc.ch <- cloneResult{f: f}
+}
+
+// refuseCloned refuses the fiber a CLONED named when it is not the
+// zygote's child (or, for an isolated zygote, cannot be found among its
+// children; perr says why): it kills what is in the Clone's leaf and, unless
+// the Clone gave up (abandoned), fails it.
+func (z *zygote) refuseCloned(m message, pc *pendingClone, abandoned bool, perr error) {
+	z.complain("Zygote reported a fiber fiberd cannot find among its children; refused", "fence", m.fence, "zygotePid", m.pid, "err", perr.Error())
+	if pc.leaf != "" {
+		ctx, cancel := core.WithTimeout(context.Background(), z.p.cfg.Clock, z.p.cfg.KillTimeout)
+		_ = cgroup.At(pc.leaf).Kill(ctx)
+		cancel()
+	}
+	if !abandoned {
+		pc.ch <- cloneResult{err: fmt.Errorf("zygote reported fiber %d, which is not a child of it that fiberd can find: %v", m.pid, perr)}
+	}
+}
+
+// ended handles ERROR and EXITED: of a spare (spareEnded, whose fiber, if
+// it had become one, is finished), of a fiber (exited), or a refused CLONE
+// (its Clone fails with the zygote's reason).
+func (z *zygote) ended(m message) {
+	p := z.p
+	if m.spare {
+		f, ok := z.spareEnded(m)
+		if ok {
+			f.closePidfd() // the zygote reaped it
+			p.wg.Add(1)
+			go func() { defer p.wg.Done(); p.finish(f, m.exit) }()
+		}
+		z.kick()
+		return
+	}
+	if m.kind == msgExited {
+		z.exited(m)
+		return
+	}
+	z.mu.Lock()
+	pc := z.pending[m.fence]
+	delete(z.pending, m.fence)
+	z.mu.Unlock()
+	if pc != nil {
+		pc.ch <- cloneResult{err: fmt.Errorf("zygote refused: %s", m.reason)}
 	}
 }
 
@@ -708,7 +831,7 @@ func (z *zygote) wait() {
 	pending, fibers := z.pending, z.fibers
 	z.pending, z.fibers = map[string]*pendingClone{}, map[string]*fiber{}
 	spares := z.sparesOfDeadZygoteLocked()
-	z.takenBy = map[string]string{}
+	z.sp.takenBy = map[string]string{}
 	z.spareAnsweredLocked()
 	z.mu.Unlock()
 
@@ -765,39 +888,57 @@ func (z *zygote) wait() {
 	close(z.dead)
 }
 
-// Clone implements Backend: it sends CLONE with the listener and the leaf
-// and waits for CLONED or ERROR.
+// Clone implements Backend. It reserves the fence (reserveLocked), serves
+// the Clone from a spare when one is waiting or being forked
+// (cloneFromSpare), and otherwise sends CLONE with the listener and the
+// leaf (sendClone) and waits for CLONED or ERROR (awaitCloned).
 func (p *Proc) Clone(ctx context.Context, req CloneRequest) (Fiber, error) {
 	if err := checkClone(req); err != nil {
 		return Fiber{}, err
 	}
 	fs := req.Fence.String()
-	p.mu.Lock()
-	z := p.zygotes[req.Fence.GrantUID]
-	p.mu.Unlock()
+	wrap := func(err error) error { return fmt.Errorf("fiber %s: %w", fs, err) }
+	z := p.zygoteOf(req.Fence.GrantUID)
 	if z == nil {
-		return Fiber{}, fmt.Errorf("fiber %s: grant not warm: %w", fs, ErrCold)
+		return Fiber{}, wrap(fmt.Errorf("grant not warm: %w", ErrCold))
 	}
 	z.mu.Lock()
-	switch {
-	case !z.warm || z.cold || z.stopping:
+	pc, err := z.reserveLocked(req.Fence, req.Leaf)
+	if err != nil {
 		z.mu.Unlock()
-		return Fiber{}, fmt.Errorf("fiber %s: grant not warm: %w", fs, ErrCold)
-	case z.pending[fs] != nil || z.fibers[fs] != nil:
-		z.mu.Unlock()
-		return Fiber{}, fmt.Errorf("fiber %s: already running: %w", fs, core.ErrInvalid)
+		return Fiber{}, wrap(err)
 	}
-	pc := &pendingClone{fence: req.Fence, leaf: req.Leaf, ch: make(chan cloneResult, 1)}
-	z.pending[fs] = pc
 	sp := z.popSpareLocked()
 	var arriving chan struct{}
-	if sp == nil && len(z.forking) > 0 {
+	if sp == nil && len(z.sp.forking) > 0 {
 		// A spare is being forked, and a CLONE would wait behind it in
 		// the zygote's queue: wait for it instead, then take it (or, if
 		// another Clone did, fork).
-		arriving = z.spareArrived
+		arriving = z.sp.arrived
 	}
 	z.mu.Unlock()
+	f, err := z.cloneFromSpare(ctx, req, pc, sp, arriving)
+	if err == nil && f == nil {
+		if err = z.sendClone(req, pc); err == nil {
+			f, err = z.awaitCloned(ctx, pc)
+		}
+	}
+	if err != nil {
+		return Fiber{}, wrap(err)
+	}
+	return Fiber{Fence: req.Fence, PID: f.pid, Isolation: f.level}, nil
+}
+
+// cloneFromSpare serves a Clone whose fence pc reserves from a spare: sp,
+// or, when sp is nil and arriving is not, the spare being forked once it
+// has arrived (arriving is closed then), if no other Clone took it first.
+// It returns the fiber the spare became; or nil and no error when there is
+// no spare to take, or the one taken died first (errSpareGone), with pc
+// reserving the fence again: the caller forks then. It fails with ErrCold
+// when the zygote ended, with ctx's error when ctx ended while waiting for
+// the spare (the reservation dropped), and with handOver's errors.
+func (z *zygote) cloneFromSpare(ctx context.Context, req CloneRequest, pc *pendingClone, sp *spare, arriving chan struct{}) (*fiber, error) {
+	fs := req.Fence.String()
 	if arriving != nil {
 		select {
 		case <-arriving:
@@ -807,41 +948,41 @@ func (p *Proc) Clone(ctx context.Context, req CloneRequest) (Fiber, error) {
 		switch {
 		case z.pending[fs] != pc: // the zygote ended
 			z.mu.Unlock()
-			return Fiber{}, fmt.Errorf("fiber %s: grant not warm: %w", fs, ErrCold)
+			return nil, fmt.Errorf("grant not warm: %w", ErrCold)
 		case ctx.Err() != nil:
 			delete(z.pending, fs)
 			z.mu.Unlock()
-			return Fiber{}, fmt.Errorf("fiber %s: clone: waiting for a spare: %w", fs, ctx.Err())
+			return nil, fmt.Errorf("clone: waiting for a spare: %w", ctx.Err())
 		}
 		sp = z.popSpareLocked()
 		z.mu.Unlock()
 	}
-	if sp != nil {
-		f, err := z.handOver(ctx, sp, req, pc)
-		z.kick() // a replacement, off this Clone's path
-		switch {
-		case err == nil:
-			return Fiber{Fence: req.Fence, PID: f.pid, Isolation: f.level}, nil
-		case !errors.Is(err, errSpareGone):
-			return Fiber{}, fmt.Errorf("fiber %s: %w", fs, err)
-		}
-		// The spare died: fork as without one.
-		z.mu.Lock()
-		if !z.warm || z.cold || z.stopping || z.pending[fs] != nil || z.fibers[fs] != nil {
-			z.mu.Unlock()
-			return Fiber{}, fmt.Errorf("fiber %s: grant not warm: %w", fs, ErrCold)
-		}
-		z.pending[fs] = pc
-		z.mu.Unlock()
+	if sp == nil {
+		return nil, nil
 	}
-	drop := func() {
-		z.mu.Lock()
-		if z.pending[fs] == pc {
-			delete(z.pending, fs)
-		}
-		z.mu.Unlock()
+	f, err := z.handOver(ctx, sp, req, pc)
+	z.kick() // a replacement, off this Clone's path
+	switch {
+	case err == nil:
+		return f, nil
+	case !errors.Is(err, errSpareGone):
+		return nil, err
 	}
+	// The spare died: fork as without one.
+	z.mu.Lock()
+	defer z.mu.Unlock()
+	if !z.warmLocked() || z.pending[fs] != nil || z.fibers[fs] != nil {
+		return nil, fmt.Errorf("grant not warm: %w", ErrCold)
+	}
+	z.pending[fs] = pc
+	return nil, nil
+}
 
+// sendClone sends the zygote CLONE for req, with the listener and, when
+// req has a leaf, a descriptor the child enters it by. On failure it drops
+// pc's reservation and returns the leaf's error, or a control socket error
+// wrapping ErrCold.
+func (z *zygote) sendClone(req CloneRequest, pc *pendingClone) error {
 	fds := []int{int(req.Listener.Fd())}
 	if req.Leaf != "" {
 		// The child enters the leaf itself, with its own credentials: it
@@ -861,8 +1002,8 @@ func (p *Proc) Clone(ctx context.Context, req CloneRequest) (Fiber, error) {
 			leafF, err = leaf.OpenEntry()
 		}
 		if err != nil {
-			drop()
-			return Fiber{}, fmt.Errorf("fiber %s: %w", fs, err)
+			z.unreserve(pc)
+			return err
 		}
 		defer leafF.Close()
 		fds = append(fds, int(leafF.Fd()))
@@ -870,34 +1011,44 @@ func (p *Proc) Clone(ctx context.Context, req CloneRequest) (Fiber, error) {
 	_, _, err := z.conn.WriteMsgUnix([]byte(formatClone(req.Fence, req.Payload)), unix.UnixRights(fds...), nil)
 	runtime.KeepAlive(req.Listener)
 	if err != nil {
-		drop()
-		return Fiber{}, fmt.Errorf("fiber %s: control socket: %v: %w", fs, err, ErrCold)
+		z.unreserve(pc)
+		return fmt.Errorf("control socket: %v: %w", err, ErrCold)
 	}
+	return nil
+}
+
+// awaitCloned waits for the zygote's answer to the CLONE pc reserves: the
+// fiber (CLONED), or the zygote's refusal or end as an error. When ctx
+// ends first the Clone is abandoned: a fiber arriving later is killed
+// without an Exit (handle), as is one that arrived just as ctx ended; the
+// error is then ctx's.
+func (z *zygote) awaitCloned(ctx context.Context, pc *pendingClone) (*fiber, error) {
 	select {
 	case r := <-pc.ch:
 		if r.err != nil {
-			return Fiber{}, fmt.Errorf("fiber %s: %w", fs, r.err)
+			return nil, r.err
 		}
 		z.kick()
-		return Fiber{Fence: req.Fence, PID: r.f.pid, Isolation: r.f.level}, nil
+		return r.f, nil
 	case <-ctx.Done():
 	}
+	fs := pc.fence.String()
 	z.mu.Lock()
 	if z.pending[fs] == pc {
 		pc.abandoned = true
 		z.mu.Unlock()
-		return Fiber{}, fmt.Errorf("fiber %s: clone: %w", fs, ctx.Err())
+		return nil, fmt.Errorf("clone: %w", ctx.Err())
 	}
 	z.mu.Unlock()
 	if r := <-pc.ch; r.err == nil {
 		// It arrived just as ctx ended: the caller will not know it, so end it.
 		r.f.silent.Store(true)
 		r.f.killed.Store(true)
-		kctx, cancel := core.WithTimeout(context.Background(), p.cfg.Clock, p.cfg.KillTimeout)
+		kctx, cancel := core.WithTimeout(context.Background(), z.p.cfg.Clock, z.p.cfg.KillTimeout)
 		_ = r.f.signal(kctx)
 		cancel()
 	}
-	return Fiber{}, fmt.Errorf("fiber %s: clone: %w", fs, ctx.Err())
+	return nil, fmt.Errorf("clone: %w", ctx.Err())
 }
 
 // reportWait is how long Kill waits for a zygote to report the end of a
@@ -911,15 +1062,7 @@ const reportWait = time.Second
 // ExitReason.Unreported; the zygote's late EXITED is then ignored.
 func (p *Proc) Kill(ctx context.Context, fence core.Fence) error {
 	fs := fence.String()
-	p.mu.Lock()
-	z := p.zygotes[fence.GrantUID]
-	p.mu.Unlock()
-	var f *fiber
-	if z != nil {
-		z.mu.Lock()
-		f = z.fibers[fs]
-		z.mu.Unlock()
-	}
+	z, f := p.findFiber(fence)
 	if f == nil {
 		return fmt.Errorf("fiber %s: %w", fs, core.ErrNotFound)
 	}
@@ -994,9 +1137,7 @@ func killAndWait(ctx context.Context, f *fiber) error {
 
 // Stop implements Backend.
 func (p *Proc) Stop(ctx context.Context, grantUID string) error {
-	p.mu.Lock()
-	z := p.zygotes[grantUID]
-	p.mu.Unlock()
+	z := p.zygoteOf(grantUID)
 	if z == nil {
 		return nil
 	}

@@ -93,128 +93,135 @@ func TestOrphanedFibersReaped(t *testing.T) {
 		{name: "grant stopped", stop: true},
 		{name: "zygote killed, fibers in leaves", leaves: true},
 	} {
-		t.Run(tt.name, func(t *testing.T) {
-			b := newBackend(t, core.TierWarm)
-			uid := uidFor(t)
-			var g *cgroup.Grant
-			if tt.leaves {
-				tree, _ := cgroupRoot(t)
-				cg, err := tree.Grant(uid)
-				if err != nil {
-					t.Fatal(err)
-				}
-				g = &cg
-				warm(t, b, uid, kindC.spec(t), g.Dir.Path())
-			} else {
-				warm(t, b, uid, kindC.spec(t), "")
-			}
-			ctx := ctxT(t)
-			zpid := zygotePID(t, uid)
-			const n = 8
-			var fibers []Fiber
-			for i := uint64(1); i <= n; i++ {
-				ep := listen(t, i%2 == 0)
-				req := CloneRequest{Fence: fence(uid, i), Listener: ep.file}
-				if g != nil {
-					leaf, err := g.Fiber(1, i)
-					if err != nil {
-						t.Fatal(err)
-					}
-					req.Leaf = leaf.Path()
-				}
-				f, err := b.Clone(ctx, req)
-				if err != nil {
-					t.Fatalf("Clone %d: %v", i, err)
-				}
-				if _, err := get(ep, "/"); err != nil {
-					t.Fatalf("fiber %d: %v", i, err)
-				}
-				if _, ppid, _ := procStat(f.PID); ppid != zpid {
-					t.Fatalf("fiber %d (pid %d) has parent %d, want the zygote %d", i, f.PID, ppid, zpid)
-				}
-				fibers = append(fibers, f)
-			}
-
-			if !tt.stop {
-				if err := syscall.Kill(zpid, syscall.SIGKILL); err != nil {
-					t.Fatal(err)
-				}
-			} else if err := b.Stop(ctx, uid); err != nil {
-				t.Fatalf("Stop: %v", err)
-			}
-			for range fibers {
-				e := nextExit(t, b)
-				if e.Template || !(e.Reason.TemplateDied || e.Reason.Killed) {
-					t.Fatalf("fiber exit = %+v, want TemplateDied or Killed", e)
-				}
-			}
-			// An Exit is queued once the fiber is gone: no wait needed.
-			for _, f := range fibers {
-				if st, ppid, ok := procStat(f.PID); ok {
-					t.Errorf("fiber %s (pid %d) still exists after its Exit: state %c, parent %d (this process is %d)", f.Fence, f.PID, st, ppid, os.Getpid())
-				}
-			}
-			deadline := time.Now().Add(10 * time.Second)
-			zs := zombieChildren()
-			for len(zs) > 0 && time.Now().Before(deadline) {
-				time.Sleep(20 * time.Millisecond)
-				zs = zombieChildren()
-			}
-			if len(zs) > 0 {
-				t.Errorf("zombie children of this process remain: %v", zs)
-			}
-			noStrays(t, uid)
-		})
+		t.Run(tt.name, func(t *testing.T) { orphansReaped(t, tt.stop, tt.leaves) })
 	}
+	t.Run("exec statuses", execStatusesWhileReaping)
+}
 
-	t.Run("exec statuses", func(t *testing.T) {
-		// Exec fibers exit with codes of their own while a zygote's
-		// orphans are being reaped; each must report its own status.
-		pb := newBackend(t, core.TierWarm)
-		eb := newBackend(t, core.TierBasic)
-		puid, euid := uidFor(t)+"p", uidFor(t)+"e"
-		warm(t, pb, puid, kindC.spec(t), "")
-		warm(t, eb, euid, kindC.spec(t), "")
-		ctx := ctxT(t)
-		for i := uint64(1); i <= 8; i++ {
-			ep := listen(t, true)
-			if _, err := pb.Clone(ctx, CloneRequest{Fence: fence(puid, i), Listener: ep.file}); err != nil {
-				t.Fatalf("proc Clone %d: %v", i, err)
-			}
-		}
-		const m = 6
-		eps := make([]endpoint, m)
-		for i := range m {
-			eps[i] = listen(t, false)
-			if _, err := eb.Clone(ctx, CloneRequest{Fence: fence(euid, uint64(i+1)), Listener: eps[i].file}); err != nil {
-				t.Fatalf("exec Clone %d: %v", i+1, err)
-			}
-		}
-
-		if err := syscall.Kill(zygotePID(t, puid), syscall.SIGKILL); err != nil {
+// orphansReaped clones fibers of a proc zygote (in leaves when leaves),
+// then kills the zygote (or Stops the grant when stop), and checks that
+// every fiber's Exit says so and comes once the fiber is gone, and that no
+// zombie or stray is left.
+func orphansReaped(t *testing.T, stop, leaves bool) {
+	b := newBackend(t, core.TierWarm)
+	uid := uidFor(t)
+	var g *cgroup.Grant
+	if leaves {
+		tree, _ := cgroupRoot(t)
+		cg, err := tree.Grant(uid)
+		if err != nil {
 			t.Fatal(err)
 		}
-		var wg sync.WaitGroup
-		for i := range m {
-			wg.Add(1)
-			go func() { defer wg.Done(); _, _ = get(eps[i], fmt.Sprintf("/exit/%d", 10+i)) }()
-		}
-		wg.Wait()
-		for range m {
-			e := nextExit(t, eb)
-			want := ExitReason{Code: 10 + int(e.Fence.Seq) - 1}
-			if e.Reason != want {
-				t.Errorf("exec fiber %s: exit %+v, want %+v", e.Fence, e.Reason, want)
+		g = &cg
+		warm(t, b, uid, kindC.spec(t), g.Dir.Path())
+	} else {
+		warm(t, b, uid, kindC.spec(t), "")
+	}
+	ctx := ctxT(t)
+	zpid := zygotePID(t, uid)
+	const n = 8
+	var fibers []Fiber
+	for i := uint64(1); i <= n; i++ {
+		ep := listen(t, i%2 == 0)
+		req := CloneRequest{Fence: fence(uid, i), Listener: ep.file}
+		if g != nil {
+			leaf, err := g.Fiber(1, i)
+			if err != nil {
+				t.Fatal(err)
 			}
+			req.Leaf = leaf.Path()
 		}
-		for range 8 {
-			if e := nextExit(t, pb); !e.Reason.TemplateDied {
-				t.Errorf("proc fiber exit %+v, want TemplateDied", e)
-			}
+		f, err := b.Clone(ctx, req)
+		if err != nil {
+			t.Fatalf("Clone %d: %v", i, err)
 		}
-		if e := nextExit(t, pb); !e.Template {
-			t.Errorf("exit %+v, want the template's", e)
+		if _, err := get(ep, "/"); err != nil {
+			t.Fatalf("fiber %d: %v", i, err)
 		}
-		noStrays(t, puid)
-	})
+		if _, ppid, _ := procStat(f.PID); ppid != zpid {
+			t.Fatalf("fiber %d (pid %d) has parent %d, want the zygote %d", i, f.PID, ppid, zpid)
+		}
+		fibers = append(fibers, f)
+	}
+
+	if !stop {
+		if err := syscall.Kill(zpid, syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+	} else if err := b.Stop(ctx, uid); err != nil {
+		t.Fatalf("Stop: %v", err)
+	}
+	for range fibers {
+		e := nextExit(t, b)
+		if e.Template || !(e.Reason.TemplateDied || e.Reason.Killed) {
+			t.Fatalf("fiber exit = %+v, want TemplateDied or Killed", e)
+		}
+	}
+	// An Exit is queued once the fiber is gone: no wait needed.
+	for _, f := range fibers {
+		if st, ppid, ok := procStat(f.PID); ok {
+			t.Errorf("fiber %s (pid %d) still exists after its Exit: state %c, parent %d (this process is %d)", f.Fence, f.PID, st, ppid, os.Getpid())
+		}
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	zs := zombieChildren()
+	for len(zs) > 0 && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+		zs = zombieChildren()
+	}
+	if len(zs) > 0 {
+		t.Errorf("zombie children of this process remain: %v", zs)
+	}
+	noStrays(t, uid)
+}
+
+// execStatusesWhileReaping: exec fibers exit with codes of their own while
+// a zygote's orphans are being reaped; each must report its own status.
+func execStatusesWhileReaping(t *testing.T) {
+	pb := newBackend(t, core.TierWarm)
+	eb := newBackend(t, core.TierBasic)
+	puid, euid := uidFor(t)+"p", uidFor(t)+"e"
+	warm(t, pb, puid, kindC.spec(t), "")
+	warm(t, eb, euid, kindC.spec(t), "")
+	ctx := ctxT(t)
+	for i := uint64(1); i <= 8; i++ {
+		ep := listen(t, true)
+		if _, err := pb.Clone(ctx, CloneRequest{Fence: fence(puid, i), Listener: ep.file}); err != nil {
+			t.Fatalf("proc Clone %d: %v", i, err)
+		}
+	}
+	const m = 6
+	eps := make([]endpoint, m)
+	for i := range m {
+		eps[i] = listen(t, false)
+		if _, err := eb.Clone(ctx, CloneRequest{Fence: fence(euid, uint64(i+1)), Listener: eps[i].file}); err != nil {
+			t.Fatalf("exec Clone %d: %v", i+1, err)
+		}
+	}
+
+	if err := syscall.Kill(zygotePID(t, puid), syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	for i := range m {
+		wg.Add(1)
+		go func() { defer wg.Done(); _, _ = get(eps[i], fmt.Sprintf("/exit/%d", 10+i)) }()
+	}
+	wg.Wait()
+	for range m {
+		e := nextExit(t, eb)
+		want := ExitReason{Code: 10 + int(e.Fence.Seq) - 1}
+		if e.Reason != want {
+			t.Errorf("exec fiber %s: exit %+v, want %+v", e.Fence, e.Reason, want)
+		}
+	}
+	for range 8 {
+		if e := nextExit(t, pb); !e.Reason.TemplateDied {
+			t.Errorf("proc fiber exit %+v, want TemplateDied", e)
+		}
+	}
+	if e := nextExit(t, pb); !e.Template {
+		t.Errorf("exit %+v, want the template's", e)
+	}
+	noStrays(t, puid)
 }

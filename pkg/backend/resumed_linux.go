@@ -123,17 +123,46 @@ func (c *procCkpt) wakeLocked() {
 
 // watcher polls the pidfds of every resumed fiber and, as each ends, reaps
 // it, takes it out of its grant's fibers and finishes it (its Exit). It
-// returns once Close asked and no fiber is left, or Close's time is up.
+// returns once Close asked and no fiber is left, or Close's time is up
+// (endWatcher). Each round is read under c.mu (roundLocked), and its
+// orphans swept and its pidfds polled without it.
 func (p *Proc) watcher() {
 	c := &p.ck
 	defer close(c.stopped)
+	stop := p.forwardSIGCHLD()
+	defer stop()
 	buf := make([]byte, 64)
 	exited := map[*fiber]bool{} // ended, not yet waitable
+	for {
+		c.mu.Lock()
+		if c.abandon || (c.closing && len(c.watched) == 0) {
+			left := c.watched
+			c.watched = nil
+			c.mu.Unlock()
+			p.endWatcher(left)
+			return
+		}
+		r := c.roundLocked(exited)
+		c.mu.Unlock()
+		r.sweepOrphans()
+		if _, err := unix.Poll(r.pfds, r.timeout); err != nil && !errors.Is(err, unix.EINTR) {
+			p.log.Error(os.NewSyscallError("poll", err), "Resumed fibers' watcher")
+			<-p.cfg.Clock.After(reapPollMillis * time.Millisecond)
+			continue
+		}
+		for _, f := range r.ended(c.wakeR, buf) {
+			p.reapResumed(f, exited)
+		}
+	}
+}
 
-	// Orphans of a resumed fiber (processes it started and outlived) are
-	// reparented to fiberd, the nearest child subreaper, not to the
-	// zygote: SIGCHLD makes the watcher reap those that died in a resumed
-	// fiber's leaf.
+// forwardSIGCHLD makes every SIGCHLD ask the watcher to sweep: orphans of
+// a resumed fiber (processes it started and outlived) are reparented to
+// fiberd, the nearest child subreaper, not to the zygote, and the watcher
+// reaps those that died in a resumed fiber's leaf or session. The function
+// returned stops the forwarding.
+func (p *Proc) forwardSIGCHLD() (stop func()) {
+	c := &p.ck
 	sigc := make(chan os.Signal, 1)
 	signal.Notify(sigc, syscall.SIGCHLD)
 	fwdDone := make(chan struct{})
@@ -152,111 +181,133 @@ func (p *Proc) watcher() {
 			}
 		}
 	}()
-	defer func() {
+	return func() {
 		signal.Stop(sigc)
 		close(fwdDone)
-	}()
+	}
+}
 
-	for {
-		c.mu.Lock()
-		if c.abandon || (c.closing && len(c.watched) == 0) {
-			left := c.watched
-			c.watched = nil
-			c.mu.Unlock()
-			for f := range left {
-				p.log.Error(errors.New("still running at close"), "Resumed fiber not reaped", "fence", f.fence.String(), "pid", f.pid)
-				f.closePidfd()
-				p.finish(f, ExitReason{Code: -1})
-			}
-			if c.wakeR != nil {
-				_ = c.wakeR.Close()
-				_ = c.wakeW.Close()
-			}
-			return
-		}
-		fibers := make([]*fiber, 0, len(c.watched))
-		pfds := make([]unix.PollFd, 0, len(c.watched)+1)
-		if c.wakeR != nil {
-			pfds = append(pfds, unix.PollFd{Fd: int32(c.wakeR.Fd()), Events: unix.POLLIN})
-		}
-		timeout := -1
-		if c.wakeR == nil {
-			timeout = reapPollMillis
-		}
-		var held []*fiber
-		for f := range c.watched {
-			if exited[f] {
-				held = append(held, f)
-				continue
-			}
-			fibers = append(fibers, f)
-			pfds = append(pfds, unix.PollFd{Fd: int32(f.pidfd), Events: unix.POLLIN})
-		}
-		sweep := c.sweep
-		c.sweep = false
-		var leaves []string
-		var sessions []int
-		skip := map[int]bool{}
-		if sweep {
-			for f := range c.watched {
-				skip[f.pid] = true
-				if f.leaf != "" {
-					leaves = append(leaves, f.leaf)
-				} else {
-					sessions = append(sessions, f.pid)
-				}
-			}
-		}
-		c.mu.Unlock()
-		for _, leaf := range leaves {
-			reapZombiesIn(leaf, skip)
-		}
-		for _, sid := range sessions {
-			reapZombies(childrenInSession(sid, true), skip)
-		}
-		if len(held) > 0 {
-			timeout = heldPollMillis
-		}
-		if _, err := unix.Poll(pfds, timeout); err != nil && !errors.Is(err, unix.EINTR) {
-			p.log.Error(os.NewSyscallError("poll", err), "Resumed fibers' watcher")
-			<-p.cfg.Clock.After(reapPollMillis * time.Millisecond)
+// endWatcher finishes the fibers left when the watcher ends (Close's time
+// is up: they were not reaped) with exit code -1, and closes the wake
+// pipe.
+func (p *Proc) endWatcher(left map[*fiber]*zygote) {
+	c := &p.ck
+	for f := range left {
+		p.log.Error(errors.New("still running at close"), "Resumed fiber not reaped", "fence", f.fence.String(), "pid", f.pid)
+		f.closePidfd()
+		p.finish(f, ExitReason{Code: -1})
+	}
+	if c.wakeR != nil {
+		_ = c.wakeR.Close()
+		_ = c.wakeW.Close()
+	}
+}
+
+// watchRound is one round of the watcher, read under procCkpt.mu.
+type watchRound struct {
+	fibers  []*fiber      // polled: pfds (after the wake pipe's, if any)
+	pfds    []unix.PollFd // the wake pipe's first when there is one
+	timeout int           // poll's, in milliseconds; -1 for none
+	held    []*fiber      // ended but held by a tracer: waited for again
+	// leaves and sessions are where to sweep for orphans (a SIGCHLD
+	// came), skip the fibers' own pids.
+	leaves   []string
+	sessions []int
+	skip     map[int]bool
+}
+
+// roundLocked reads the next round: the pidfds of the watched fibers not
+// known to have ended, the wake pipe's, and, when a SIGCHLD came (c.sweep,
+// cleared), the leaves and sessions to sweep. Without a wake pipe poll
+// times out after reapPollMillis; with fibers held by a tracer, after
+// heldPollMillis. c.mu must be held.
+func (c *procCkpt) roundLocked(exited map[*fiber]bool) *watchRound {
+	r := &watchRound{timeout: -1, skip: map[int]bool{}}
+	if c.wakeR != nil {
+		r.pfds = append(r.pfds, unix.PollFd{Fd: int32(c.wakeR.Fd()), Events: unix.POLLIN})
+	} else {
+		r.timeout = reapPollMillis
+	}
+	for f := range c.watched {
+		if exited[f] {
+			r.held = append(r.held, f)
 			continue
 		}
-		if c.wakeR != nil {
-			if pfds[0].Revents != 0 {
-				_, _ = unix.Read(int(c.wakeR.Fd()), buf)
+		r.fibers = append(r.fibers, f)
+		r.pfds = append(r.pfds, unix.PollFd{Fd: int32(f.pidfd), Events: unix.POLLIN})
+	}
+	if c.sweep {
+		for f := range c.watched {
+			r.skip[f.pid] = true
+			if f.leaf != "" {
+				r.leaves = append(r.leaves, f.leaf)
+			} else {
+				r.sessions = append(r.sessions, f.pid)
 			}
-			pfds = pfds[1:]
-		}
-		var ended []*fiber
-		for i, f := range fibers {
-			if pfds[i].Revents != 0 {
-				ended = append(ended, f)
-			}
-		}
-		for _, f := range append(ended, held...) {
-			r, ok := waitPidfd(f.pidfd)
-			if !ok {
-				// It has ended, but a tracer (criu dumping it) has not
-				// let it go yet: try again shortly.
-				exited[f] = true
-				continue
-			}
-			delete(exited, f)
-			c.mu.Lock()
-			z := c.watched[f]
-			delete(c.watched, f)
-			c.mu.Unlock()
-			z.mu.Lock()
-			if z.fibers[f.fence.String()] == f {
-				delete(z.fibers, f.fence.String())
-			}
-			z.mu.Unlock()
-			f.closePidfd()
-			p.wg.Add(1)
-			go func() { defer p.wg.Done(); p.finishResumed(f, r) }()
 		}
 	}
+	c.sweep = false
+	if len(r.held) > 0 {
+		r.timeout = heldPollMillis
+	}
+	return r
+}
+
+// sweepOrphans reaps the zombie orphans in the round's leaves and
+// sessions, but for the fibers themselves.
+func (r *watchRound) sweepOrphans() {
+	for _, leaf := range r.leaves {
+		reapZombiesIn(leaf, r.skip)
+	}
+	for _, sid := range r.sessions {
+		reapZombies(childrenInSession(sid, true), r.skip)
+	}
+}
+
+// ended returns, after the round's poll, the fibers whose pidfd said they
+// ended and those held before; it drains the wake pipe wakeR (nil: none)
+// into buf.
+func (r *watchRound) ended(wakeR *os.File, buf []byte) []*fiber {
+	pfds := r.pfds
+	if wakeR != nil {
+		if pfds[0].Revents != 0 {
+			_, _ = unix.Read(int(wakeR.Fd()), buf)
+		}
+		pfds = pfds[1:]
+	}
+	var out []*fiber
+	for i, f := range r.fibers {
+		if pfds[i].Revents != 0 {
+			out = append(out, f)
+		}
+	}
+	return append(out, r.held...)
+}
+
+// reapResumed reaps the ended resumed fiber f, takes it out of the watched
+// fibers and of its grant's, and finishes it off the watcher's goroutine.
+// A fiber a tracer (criu dumping it) has not let go yet is marked in
+// exited, to be tried again shortly.
+func (p *Proc) reapResumed(f *fiber, exited map[*fiber]bool) {
+	c := &p.ck
+	r, ok := waitPidfd(f.pidfd)
+	if !ok {
+		exited[f] = true
+		return
+	}
+	delete(exited, f)
+	c.mu.Lock()
+	z := c.watched[f]
+	delete(c.watched, f)
+	c.mu.Unlock()
+	z.mu.Lock()
+	if z.fibers[f.fence.String()] == f {
+		delete(z.fibers, f.fence.String())
+	}
+	z.mu.Unlock()
+	f.closePidfd()
+	p.wg.Add(1)
+	go func() { defer p.wg.Done(); p.finishResumed(f, r) }()
 }
 
 // finishResumed finishes a resumed fiber that ended, and reaps its orphans
@@ -310,16 +361,25 @@ func reapZombiesIn(leaf string, skip map[int]bool) {
 // found there, as procrec finds it after a crash.
 func childrenInSession(sid int, zombies bool) []int {
 	var out []int
+	for _, pid := range fiberdChildren() {
+		if st, err := procrec.ReadStat(pid); err == nil && st.Session == sid && (!zombies || st.Zombie) {
+			out = append(out, pid)
+		}
+	}
+	return out
+}
+
+// fiberdChildren lists fiberd's child processes: those in the children
+// file of each of its threads (a child is listed under the thread that
+// forked it).
+func fiberdChildren() []int {
+	var out []int
 	self := os.Getpid()
 	tasks, _ := os.ReadDir(fmt.Sprintf("/proc/%d/task", self))
 	for _, task := range tasks {
 		b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/children", self, task.Name()))
 		for _, field := range strings.Fields(string(b)) {
-			pid, err := strconv.Atoi(field)
-			if err != nil {
-				continue
-			}
-			if st, err := procrec.ReadStat(pid); err == nil && st.Session == sid && (!zombies || st.Zombie) {
+			if pid, err := strconv.Atoi(field); err == nil {
 				out = append(out, pid)
 			}
 		}

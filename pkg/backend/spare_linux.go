@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"runtime"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -59,6 +60,48 @@ const maxForking = 2
 // untaken, before a zygote gets no more.
 const maxSpareFailures = 5
 
+// spares is a zygote's spare pool: the spares forked ahead and waiting to
+// be taken, those on their way, and what the spare loop needs to keep the
+// pool at its size.
+//
+// Its fields but wake and settling are guarded by the zygote's mu, not by
+// a lock of their own: a take moves a spare from the pool into the
+// zygote's fibers and out of its pending Clones in one step (handOver),
+// an ended spare's fiber leaves the fibers (spareEnded), and the zygote's
+// teardown fails pending Clones and drops spares together; a lock of the
+// pool's own would be taken inside mu in every one of these, and held for
+// nothing else. wake is never replaced (a send needs no lock); settling is
+// atomic.
+type spares struct {
+	handover bool   // the zygote said "READY spares": it hands spares over
+	w, max   int    // SetSpares's warm and max
+	fails    int    // spares in a row that failed to start or died untaken
+	next     uint64 // the last spare number asked for
+
+	forking  map[string]bool   // SPARE sent, SPARED not yet seen
+	waiting  []*spare          // waiting to be taken, oldest first
+	taking   map[string]*spare // being handed over by a Clone
+	dropping map[string]*spare // ended by fiberd, EXITED not yet seen
+	takenBy  map[string]string // spare name -> fence of the fiber it became
+	taken    uint64            // Clones served by a spare
+	lastTake time.Time         // when a Clone last took a spare
+
+	// arrived is closed (and replaced) when a SPARE was answered, or the
+	// zygote ended: a Clone waiting for a spare being forked waits on it.
+	arrived chan struct{}
+
+	wake     chan struct{} // wakes spareLoop; buffered 1
+	settling atomic.Bool   // a wake of spareLoop is scheduled after spareSettle
+}
+
+// newSpares returns an empty pool, its maps and channels made.
+func newSpares() spares {
+	return spares{
+		forking: map[string]bool{}, taking: map[string]*spare{}, dropping: map[string]*spare{}, takenBy: map[string]string{},
+		wake: make(chan struct{}, 1), arrived: make(chan struct{}),
+	}
+}
+
 // spare is one forked spare fiber of a zygote.
 type spare struct {
 	name  string
@@ -84,15 +127,13 @@ type spare struct {
 // spares over. The agent calls it when a grant is warm and whenever the
 // grant's fibers.warm or max may have changed (a renewal).
 func (p *Proc) SetSpares(grantUID string, warm, max int) {
-	p.mu.Lock()
-	z := p.zygotes[grantUID]
-	p.mu.Unlock()
+	z := p.zygoteOf(grantUID)
 	if z == nil {
 		return
 	}
 	z.mu.Lock()
-	z.spareW, z.spareMax = max0(warm), max0(max)
-	z.spareFails = 0
+	z.sp.w, z.sp.max = max0(warm), max0(max)
+	z.sp.fails = 0
 	z.mu.Unlock()
 	z.kick()
 }
@@ -101,18 +142,16 @@ func (p *Proc) SetSpares(grantUID string, warm, max int) {
 // fork new ones: an epoch bump ends what ran before it, spares too. It does
 // nothing for a grant that is not warm.
 func (p *Proc) RenewSpares(grantUID string) {
-	p.mu.Lock()
-	z := p.zygotes[grantUID]
-	p.mu.Unlock()
+	z := p.zygoteOf(grantUID)
 	if z == nil {
 		return
 	}
 	z.mu.Lock()
-	old := z.spares
-	z.spares = nil
+	old := z.sp.waiting
+	z.sp.waiting = nil
 	for _, sp := range old {
 		sp.dropped = true
-		z.dropping[sp.name] = sp
+		z.sp.dropping[sp.name] = sp
 	}
 	z.mu.Unlock()
 	for _, sp := range old {
@@ -124,34 +163,30 @@ func (p *Proc) RenewSpares(grantUID string) {
 // Spares reports grant grantUID's spares; the zero SpareStatus for a grant
 // that is not warm.
 func (p *Proc) Spares(grantUID string) SpareStatus {
-	p.mu.Lock()
-	z := p.zygotes[grantUID]
-	p.mu.Unlock()
+	z := p.zygoteOf(grantUID)
 	if z == nil {
 		return SpareStatus{}
 	}
 	z.mu.Lock()
 	defer z.mu.Unlock()
-	if !z.warm || z.cold || z.stopping {
+	if !z.warmLocked() {
 		return SpareStatus{}
 	}
-	return SpareStatus{Supported: z.handover, Want: z.spareWantLocked(), Ready: len(z.spares),
-		Failed: z.handover && z.spareFails >= maxSpareFailures, Taken: z.taken}
+	return SpareStatus{Supported: z.sp.handover, Want: z.spareWantLocked(), Ready: len(z.sp.waiting),
+		Failed: z.sp.handover && z.sp.fails >= maxSpareFailures, Taken: z.sp.taken}
 }
 
 // SparePIDs lists the pids of grant grantUID's waiting spares, for
 // measuring their memory.
 func (p *Proc) SparePIDs(grantUID string) []int {
-	p.mu.Lock()
-	z := p.zygotes[grantUID]
-	p.mu.Unlock()
+	z := p.zygoteOf(grantUID)
 	if z == nil {
 		return nil
 	}
 	z.mu.Lock()
 	defer z.mu.Unlock()
-	out := make([]int, 0, len(z.spares))
-	for _, sp := range z.spares {
+	out := make([]int, 0, len(z.sp.waiting))
+	for _, sp := range z.sp.waiting {
 		out = append(out, sp.pid)
 	}
 	return out
@@ -163,23 +198,23 @@ func max0(n int) int { return max(n, 0) }
 // running or being made), 0 without hand-over or after too many failures.
 // z.mu is held.
 func (z *zygote) spareWantLocked() int {
-	if !z.handover || !z.warm || z.cold || z.stopping || z.spareFails >= maxSpareFailures {
+	if !z.sp.handover || !z.warmLocked() || z.sp.fails >= maxSpareFailures {
 		return 0
 	}
-	return max0(min(z.spareW, z.spareMax-len(z.fibers)-len(z.pending)))
+	return max0(min(z.sp.w, z.sp.max-len(z.fibers)-len(z.pending)))
 }
 
 // spareAnsweredLocked wakes the Clones waiting for a spare being forked
 // (see Clone): it arrived, failed, or the zygote ended. z.mu is held.
 func (z *zygote) spareAnsweredLocked() {
-	close(z.spareArrived)
-	z.spareArrived = make(chan struct{})
+	close(z.sp.arrived)
+	z.sp.arrived = make(chan struct{})
 }
 
 // kick wakes the zygote's spare loop.
 func (z *zygote) kick() {
 	select {
-	case z.spareWake <- struct{}{}:
+	case z.sp.wake <- struct{}{}:
 	default:
 	}
 }
@@ -192,15 +227,15 @@ func (z *zygote) spareLoop() {
 		select {
 		case <-z.dead:
 			return
-		case <-z.spareWake:
+		case <-z.sp.wake:
 		}
 		z.mu.Lock()
 		want := z.spareWantLocked()
-		if len(z.spares)+len(z.forking) < want && 2*len(z.spares) >= want {
-			if since := z.p.cfg.Clock.Since(z.lastTake); since < spareSettle {
+		if len(z.sp.waiting)+len(z.sp.forking) < want && 2*len(z.sp.waiting) >= want {
+			if since := z.p.cfg.Clock.Since(z.sp.lastTake); since < spareSettle {
 				z.mu.Unlock()
-				if z.settling.CompareAndSwap(false, true) {
-					z.p.cfg.Clock.AfterFunc(spareSettle-since, func() { z.settling.Store(false); z.kick() })
+				if z.sp.settling.CompareAndSwap(false, true) {
+					z.p.cfg.Clock.AfterFunc(spareSettle-since, func() { z.sp.settling.Store(false); z.kick() })
 				}
 				continue
 			}
@@ -208,18 +243,18 @@ func (z *zygote) spareLoop() {
 		var ask []string
 		// Few SPAREs at a time: a Clone that finds no spare forks, and its
 		// CLONE waits behind the SPAREs the zygote has queued.
-		for have := len(z.spares) + len(z.forking); have < want && len(z.forking) < maxForking; have++ {
-			z.nextSpare++
-			name := spareName(z.nextSpare)
-			z.forking[name] = true
+		for have := len(z.sp.waiting) + len(z.sp.forking); have < want && len(z.sp.forking) < maxForking; have++ {
+			z.sp.next++
+			name := spareName(z.sp.next)
+			z.sp.forking[name] = true
 			ask = append(ask, name)
 		}
 		var drop []*spare
-		for len(z.spares) > 0 && len(z.spares)+len(z.forking) > want {
-			sp := z.spares[len(z.spares)-1] // the newest: the oldest have faulted in the most
-			z.spares = z.spares[:len(z.spares)-1]
+		for len(z.sp.waiting) > 0 && len(z.sp.waiting)+len(z.sp.forking) > want {
+			sp := z.sp.waiting[len(z.sp.waiting)-1] // the newest: the oldest have faulted in the most
+			z.sp.waiting = z.sp.waiting[:len(z.sp.waiting)-1]
 			sp.dropped = true
-			z.dropping[sp.name] = sp
+			z.sp.dropping[sp.name] = sp
 			drop = append(drop, sp)
 		}
 		z.mu.Unlock()
@@ -229,7 +264,7 @@ func (z *zygote) spareLoop() {
 		for _, name := range ask {
 			if _, err := z.conn.Write([]byte(formatSpare(name))); err != nil {
 				z.mu.Lock()
-				delete(z.forking, name)
+				delete(z.sp.forking, name)
 				z.mu.Unlock()
 				break // the zygote is ending
 			}
@@ -243,8 +278,8 @@ func (z *zygote) spareLoop() {
 func (z *zygote) spared(m message, fds []int) {
 	p := z.p
 	z.mu.Lock()
-	asked := z.forking[m.fence]
-	delete(z.forking, m.fence)
+	asked := z.sp.forking[m.fence]
+	delete(z.sp.forking, m.fence)
 	if !asked || len(fds) < 1 || len(fds) > 2 {
 		z.spareAnsweredLocked()
 	}
@@ -294,7 +329,7 @@ func (z *zygote) spared(m message, fds []int) {
 		_ = sp.rec.Remove() // the zygote's end ends it
 		return
 	}
-	z.spares = append(z.spares, sp)
+	z.sp.waiting = append(z.sp.waiting, sp)
 	z.spareAnsweredLocked()
 	z.mu.Unlock()
 	z.kick() // more may be wanted, or fewer by now
@@ -321,8 +356,8 @@ func socketConn(fd int) (*net.UnixConn, error) {
 // wakes the loop to replace it unless too many failed in a row.
 func (z *zygote) spareFailed() {
 	z.mu.Lock()
-	z.spareFails++
-	gaveUp := z.spareFails == maxSpareFailures
+	z.sp.fails++
+	gaveUp := z.sp.fails == maxSpareFailures
 	z.spareAnsweredLocked()
 	z.mu.Unlock()
 	if gaveUp {
@@ -337,35 +372,35 @@ func (z *zygote) spareFailed() {
 // z.fibers no more); the caller finishes that fiber.
 func (z *zygote) spareEnded(m message) (*fiber, bool) {
 	z.mu.Lock()
-	if fs, ok := z.takenBy[m.fence]; ok {
-		delete(z.takenBy, m.fence)
+	if fs, ok := z.sp.takenBy[m.fence]; ok {
+		delete(z.sp.takenBy, m.fence)
 		f := z.fibers[fs]
 		delete(z.fibers, fs)
 		z.mu.Unlock()
 		return f, f != nil
 	}
 	if m.kind == msgError {
-		delete(z.forking, m.fence)
+		delete(z.sp.forking, m.fence)
 		z.mu.Unlock()
 		z.p.log.Info("Zygote could not fork a spare", "grant", z.uid, "spare", m.fence, "reason", m.reason)
 		z.spareFailed()
 		return nil, false
 	}
-	if sp := z.taking[m.fence]; sp != nil {
+	if sp := z.sp.taking[m.fence]; sp != nil {
 		r := m.exit
 		sp.exited = &r // handOver finishes it
 		z.mu.Unlock()
 		return nil, false
 	}
 	var sp *spare
-	if d := z.dropping[m.fence]; d != nil {
+	if d := z.sp.dropping[m.fence]; d != nil {
 		sp = d
-		delete(z.dropping, m.fence)
+		delete(z.sp.dropping, m.fence)
 	}
-	for i, s := range z.spares {
+	for i, s := range z.sp.waiting {
 		if s.name == m.fence {
 			sp = s
-			z.spares = append(z.spares[:i], z.spares[i+1:]...)
+			z.sp.waiting = append(z.sp.waiting[:i], z.sp.waiting[i+1:]...)
 			break
 		}
 	}
@@ -392,13 +427,13 @@ func (z *zygote) spareEnded(m message) (*fiber, bool) {
 // popSpare takes the oldest waiting spare for a Clone, or nil. z.mu is
 // held.
 func (z *zygote) popSpareLocked() *spare {
-	if len(z.spares) == 0 {
+	if len(z.sp.waiting) == 0 {
 		return nil
 	}
-	sp := z.spares[0]
-	z.spares[0] = nil
-	z.spares = z.spares[1:]
-	z.taking[sp.name] = sp
+	sp := z.sp.waiting[0]
+	z.sp.waiting[0] = nil
+	z.sp.waiting = z.sp.waiting[1:]
+	z.sp.taking[sp.name] = sp
 	return sp
 }
 
@@ -415,57 +450,16 @@ var errSpareGone = errors.New("spare ended before the hand-over")
 // fiber's Exit. pc is the Clone's pending entry (z.pending[fence]),
 // removed here. It returns errSpareGone when the spare ended before it
 // was handed the fiber, so the caller may fork instead; the spare's record
-// is closed either way.
+// is closed either way. Its steps: intoLeaf, sendTake, publishTaken; a
+// failed step's take is ended by failTake.
 func (z *zygote) handOver(ctx context.Context, sp *spare, req CloneRequest, pc *pendingClone) (*fiber, error) {
-	p := z.p
-	fs := req.Fence.String()
-	fail := func(err error) (*fiber, error) {
-		z.mu.Lock()
-		delete(z.taking, sp.name)
-		if z.pending[fs] == pc {
-			delete(z.pending, fs)
-		}
-		z.mu.Unlock()
-		_ = sp.conn.Close()
-		if sp.pidfd >= 0 {
-			// The zygote reaps it (EXITED, then ignored).
-			_ = unix.PidfdSendSignal(sp.pidfd, unix.SIGKILL, nil, 0)
-			_ = unix.Close(sp.pidfd)
-		} else {
-			_ = syscall.Kill(-sp.pid, syscall.SIGKILL)
-		}
-		_ = sp.rec.Remove()
-		return nil, err
+	if err := sp.intoLeaf(req.Leaf); err != nil {
+		return nil, z.failTake(sp, pc, err)
 	}
-	if req.Leaf != "" {
-		// The pidfd keeps the pid from naming another process: checked
-		// alive first, a spare that ends meanwhile leaves its pid unused
-		// until the pid space wraps around.
-		if sp.pidfd >= 0 {
-			if err := unix.PidfdSendSignal(sp.pidfd, 0, nil, 0); err != nil && !errors.Is(err, unix.EPERM) {
-				return fail(errSpareGone)
-			}
-		}
-		if err := cgroup.At(req.Leaf).AddProc(sp.pid); err != nil {
-			if errors.Is(err, syscall.ESRCH) {
-				return fail(errSpareGone)
-			}
-			return fail(fmt.Errorf("spare into its leaf: %w", err))
-		}
-	}
-	if d, ok := ctx.Deadline(); ok {
-		_ = sp.conn.SetWriteDeadline(d)
-	}
-	_, _, err := sp.conn.WriteMsgUnix([]byte(formatTake(req.Fence, req.Payload)), unix.UnixRights(int(req.Listener.Fd())), nil)
-	runtime.KeepAlive(req.Listener)
-	if err != nil {
-		if ctx.Err() != nil {
-			return fail(ctx.Err())
-		}
-		return fail(errSpareGone) // its end is closed: it died
+	if err := sp.sendTake(ctx, req); err != nil {
+		return nil, z.failTake(sp, pc, err)
 	}
 	_ = sp.conn.Close() // it reads TAKE, then end-of-file: nothing more is said
-
 	f := newFiber(req.Fence, sp.pid, req.Leaf)
 	f.pidfd = sp.pidfd
 	f.level = fiberLevel(z.level, sp.pid, z.proc.Pid)
@@ -474,10 +468,84 @@ func (z *zygote) handOver(ctx context.Context, sp *spare, req CloneRequest, pc *
 	// costs nothing on the Clone's path, removing it a file operation);
 	// it is removed when the fiber is reaped.
 	f.rec = sp.rec
+	if err := z.publishTaken(sp, f, pc); err != nil {
+		return nil, err
+	}
+	return f, nil
+}
+
+// failTake ends a take of spare sp that failed with err, and returns err:
+// the take and pc's reservation are dropped, the hand-over socket closed,
+// the spare killed (the zygote reaps it; its EXITED is then ignored) and
+// its record removed.
+func (z *zygote) failTake(sp *spare, pc *pendingClone, err error) error {
 	z.mu.Lock()
-	delete(z.taking, sp.name)
+	delete(z.sp.taking, sp.name)
+	z.unreserveLocked(pc)
+	z.mu.Unlock()
+	_ = sp.conn.Close()
+	if sp.pidfd >= 0 {
+		_ = unix.PidfdSendSignal(sp.pidfd, unix.SIGKILL, nil, 0)
+		_ = unix.Close(sp.pidfd)
+	} else {
+		_ = syscall.Kill(-sp.pid, syscall.SIGKILL)
+	}
+	_ = sp.rec.Remove()
+	return err
+}
+
+// intoLeaf moves the spare into leaf ("" : none). It returns errSpareGone
+// when the spare has ended, else the cgroup's error.
+func (sp *spare) intoLeaf(leaf string) error {
+	if leaf == "" {
+		return nil
+	}
+	// The pidfd keeps the pid from naming another process: checked alive
+	// first, a spare that ends meanwhile leaves its pid unused until the
+	// pid space wraps around.
+	if sp.pidfd >= 0 {
+		if err := unix.PidfdSendSignal(sp.pidfd, 0, nil, 0); err != nil && !errors.Is(err, unix.EPERM) {
+			return errSpareGone
+		}
+	}
+	if err := cgroup.At(leaf).AddProc(sp.pid); err != nil {
+		if errors.Is(err, syscall.ESRCH) {
+			return errSpareGone
+		}
+		return fmt.Errorf("spare into its leaf: %w", err)
+	}
+	return nil
+}
+
+// sendTake sends the spare TAKE for req with the listener, by ctx's
+// deadline. It returns ctx's error when ctx ended, else errSpareGone: a
+// write fails when the spare's end is closed, as it died.
+func (sp *spare) sendTake(ctx context.Context, req CloneRequest) error {
+	if d, ok := ctx.Deadline(); ok {
+		_ = sp.conn.SetWriteDeadline(d)
+	}
+	_, _, err := sp.conn.WriteMsgUnix([]byte(formatTake(req.Fence, req.Payload)), unix.UnixRights(int(req.Listener.Fd())), nil)
+	runtime.KeepAlive(req.Listener)
+	switch {
+	case err == nil:
+		return nil
+	case ctx.Err() != nil:
+		return ctx.Err()
+	}
+	return errSpareGone
+}
+
+// publishTaken makes f, the fiber taken spare sp became, one of z's fibers
+// in place of pc's reservation, and counts the take. A spare the zygote
+// reported ended while it was taken is finished at once with that end.
+// It fails with ErrCold when the zygote ended meanwhile (its teardown
+// failed pc): f is then killed without an Exit and its record removed.
+func (z *zygote) publishTaken(sp *spare, f *fiber, pc *pendingClone) error {
+	p := z.p
+	fs := pc.fence.String()
+	z.mu.Lock()
+	delete(z.sp.taking, sp.name)
 	if z.pending[fs] != pc {
-		// The zygote ended meanwhile; its teardown failed pc.
 		z.mu.Unlock()
 		f.killed.Store(true)
 		f.silent.Store(true)
@@ -486,17 +554,17 @@ func (z *zygote) handOver(ctx context.Context, sp *spare, req CloneRequest, pc *
 		cancel()
 		f.closePidfd()
 		_ = f.rec.Remove()
-		return nil, fmt.Errorf("zygote ended: %w", ErrCold)
+		return fmt.Errorf("zygote ended: %w", ErrCold)
 	}
 	delete(z.pending, fs)
 	exited := sp.exited
 	if exited == nil {
 		z.fibers[fs] = f
-		z.takenBy[sp.name] = fs
+		z.sp.takenBy[sp.name] = fs
 	}
-	z.taken++
-	z.spareFails = 0
-	z.lastTake = p.cfg.Clock.Now()
+	z.sp.taken++
+	z.sp.fails = 0
+	z.sp.lastTake = p.cfg.Clock.Now()
 	z.mu.Unlock()
 	if exited != nil {
 		// It ended as soon as it was taken (the zygote reaped it).
@@ -504,7 +572,7 @@ func (z *zygote) handOver(ctx context.Context, sp *spare, req CloneRequest, pc *
 		p.wg.Add(1)
 		go func() { defer p.wg.Done(); p.finish(f, *exited) }()
 	}
-	return f, nil
+	return nil
 }
 
 // sparesOfDeadZygote takes every spare of an ended zygote out of it, as
@@ -520,13 +588,13 @@ func (z *zygote) sparesOfDeadZygoteLocked() []*fiber {
 		f.killed.Store(true)
 		out = append(out, f)
 	}
-	for _, sp := range z.spares {
+	for _, sp := range z.sp.waiting {
 		add(sp)
 	}
-	for _, sp := range z.dropping {
+	for _, sp := range z.sp.dropping {
 		add(sp)
 	}
-	z.spares, z.dropping, z.forking = nil, map[string]*spare{}, map[string]bool{}
+	z.sp.waiting, z.sp.dropping, z.sp.forking = nil, map[string]*spare{}, map[string]bool{}
 	// Spares being taken are handOver's: their socket ends with them.
 	return out
 }
