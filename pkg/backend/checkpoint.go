@@ -87,7 +87,7 @@ var ErrTooLarge = core.NewError(core.ErrInsufficientStorage, "fiber too large to
 // ErrNoSpace is wrapped by Park when the dump failed because the image's
 // filesystem is full (ENOSPC, or a disk quota). The fiber keeps running;
 // the partial image is removed.
-var ErrNoSpace = errors.New("no space left for the image")
+var ErrNoSpace = core.NewError(core.ErrInsufficientStorage, "no space left for the image")
 
 // ErrBusy is wrapped by Park when the fiber cannot be parked as it is now,
 // but could be once it is idle: a connection to its unix listener is open
@@ -337,8 +337,10 @@ func specDigest(s template.Spec) string {
 	return hex.EncodeToString(h[:])
 }
 
-// checkPark validates a ParkRequest.
-func checkPark(req ParkRequest) error {
+// Validate refuses, with core.ErrInvalid, a malformed ParkRequest: no
+// grant, a Dir that is not a clean absolute path, no template, a negative
+// MaxBytes. Every Checkpointer refuses these before anything else.
+func (req ParkRequest) Validate() error {
 	switch {
 	case req.Fence.GrantUID == "":
 		return fmt.Errorf("park: Fence.GrantUID is empty: %w", core.ErrInvalid)
@@ -352,8 +354,10 @@ func checkPark(req ParkRequest) error {
 	return nil
 }
 
-// checkResume validates a ResumeRequest.
-func checkResume(req ResumeRequest) error {
+// Validate refuses, with core.ErrInvalid, a malformed ResumeRequest: no
+// grant, an Image or Leaf path that is not absolute, no template. Every
+// Checkpointer refuses these before anything else.
+func (req ResumeRequest) Validate() error {
 	switch {
 	case req.Fence.GrantUID == "":
 		return fmt.Errorf("resume: Fence.GrantUID is empty: %w", core.ErrInvalid)

@@ -172,7 +172,7 @@ func (p *Proc) findFiber(fence core.Fence) (*zygote, *fiber) {
 // Whatever fails undoes the partial image and leaves the fiber to end for
 // its own reason.
 func (p *Proc) Park(ctx context.Context, req ParkRequest) (img Image, err error) {
-	if err := checkPark(req); err != nil {
+	if err := req.Validate(); err != nil {
 		return Image{}, err
 	}
 	name := req.Fence.String()
@@ -512,7 +512,7 @@ func procKB(path string, keys ...string) int64 {
 // makes it one of the grant's fibers, watched. What a step set up is
 // undone when Resume returns (restoreSetup.release), in reverse order.
 func (p *Proc) Resume(ctx context.Context, req ResumeRequest) (res Resumed, err error) {
-	if err := checkResume(req); err != nil {
+	if err := req.Validate(); err != nil {
 		return Resumed{}, err
 	}
 	name := req.Fence.String()

@@ -113,8 +113,8 @@ func TestCheckRequests(t *testing.T) {
 		{Fence: f, Dir: "/x"},
 		{Fence: f, Dir: "/x", Template: tpl, MaxBytes: -1},
 	} {
-		if err := checkPark(req); !errors.Is(err, core.ErrInvalid) {
-			t.Errorf("checkPark(%+v) = %v, want ErrInvalid", req, err)
+		if err := req.Validate(); !errors.Is(err, core.ErrInvalid) {
+			t.Errorf("ParkRequest.Validate(%+v) = %v, want ErrInvalid", req, err)
 		}
 	}
 	for _, req := range []ResumeRequest{
@@ -123,8 +123,8 @@ func TestCheckRequests(t *testing.T) {
 		{Fence: f, Image: "/x"},
 		{Fence: f, Image: "/x", Template: tpl, Leaf: "leaf"},
 	} {
-		if err := checkResume(req); !errors.Is(err, core.ErrInvalid) {
-			t.Errorf("checkResume(%+v) = %v, want ErrInvalid", req, err)
+		if err := req.Validate(); !errors.Is(err, core.ErrInvalid) {
+			t.Errorf("ResumeRequest.Validate(%+v) = %v, want ErrInvalid", req, err)
 		}
 	}
 	if err := RemoveImage("relative"); !errors.Is(err, core.ErrInvalid) {

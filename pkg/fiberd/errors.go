@@ -45,9 +45,10 @@ type wireClass struct {
 // is read top to bottom: an error in two classes takes the first row that
 // matches, so the order is the precedence (TestWireClassPrecedence holds
 // it). A *core.Miss is not here: writeError answers it first, by its code.
-// An error in no row is wireInternal. backend.ErrNoSpace, in no class, has
-// a row of its own ahead of core.ErrInsufficientStorage: a full disk is
-// answered as no room but counts as a failed park, not a refused one.
+// An error in no row is wireInternal. backend.ErrNoSpace, in the class
+// core.ErrInsufficientStorage, has a row of its own ahead of the class's: a
+// full disk is answered as no room but counts as a failed park, not a
+// refused one.
 var wireClasses = []wireClass{
 	{core.ErrBusy, http.StatusConflict, api.CodeBusy, outcomeInvalid, parkRefused},
 	{backend.ErrNoSpace, http.StatusInsufficientStorage, api.CodeInsufficientStorage, outcomeInvalid, parkFailed},

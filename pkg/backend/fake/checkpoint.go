@@ -107,7 +107,7 @@ func (b *Backend) Park(ctx context.Context, req backend.ParkRequest) (backend.Im
 	if err := b.CheckpointSupport(ctx); err != nil {
 		return backend.Image{}, err
 	}
-	if err := checkPark(req); err != nil {
+	if err := req.Validate(); err != nil {
 		return backend.Image{}, err
 	}
 	if b.hooks.Park != nil {
@@ -161,7 +161,7 @@ func (b *Backend) Resume(ctx context.Context, req backend.ResumeRequest) (backen
 	if err := b.CheckpointSupport(ctx); err != nil {
 		return backend.Resumed{}, err
 	}
-	if err := checkResume(req); err != nil {
+	if err := req.Validate(); err != nil {
 		return backend.Resumed{}, err
 	}
 	if b.hooks.Resume != nil {
@@ -207,38 +207,6 @@ func (b *Backend) Resume(ctx context.Context, req backend.ResumeRequest) (backen
 func newer(f, parked core.Fence) bool {
 	c, ok := f.Compare(parked)
 	return ok && c > 0
-}
-
-// checkPark refuses, with core.ErrInvalid, a ParkRequest the proc backend
-// refuses as malformed.
-func checkPark(req backend.ParkRequest) error {
-	switch {
-	case req.Fence.GrantUID == "":
-		return fmt.Errorf("park: Fence.GrantUID is empty: %w", core.ErrInvalid)
-	case !filepath.IsAbs(req.Dir) || filepath.Clean(req.Dir) != req.Dir:
-		return fmt.Errorf("fiber %s: park: Dir %q is not a clean absolute path: %w", req.Fence, req.Dir, core.ErrInvalid)
-	case req.Template == "":
-		return fmt.Errorf("fiber %s: park: Template is empty: %w", req.Fence, core.ErrInvalid)
-	case req.MaxBytes < 0:
-		return fmt.Errorf("fiber %s: park: MaxBytes %d is negative: %w", req.Fence, req.MaxBytes, core.ErrInvalid)
-	}
-	return nil
-}
-
-// checkResume refuses, with core.ErrInvalid, a ResumeRequest the proc
-// backend refuses as malformed.
-func checkResume(req backend.ResumeRequest) error {
-	switch {
-	case req.Fence.GrantUID == "":
-		return fmt.Errorf("resume: Fence.GrantUID is empty: %w", core.ErrInvalid)
-	case !filepath.IsAbs(req.Image):
-		return fmt.Errorf("fiber %s: resume: Image %q is not absolute: %w", req.Fence, req.Image, core.ErrInvalid)
-	case req.Template == "":
-		return fmt.Errorf("fiber %s: resume: Template is empty: %w", req.Fence, core.ErrInvalid)
-	case req.Leaf != "" && !filepath.IsAbs(req.Leaf):
-		return fmt.Errorf("fiber %s: resume: Leaf %q is not absolute: %w", req.Fence, req.Leaf, core.ErrInvalid)
-	}
-	return nil
 }
 
 // Images lists the image directories Park wrote that are still on disk.
