@@ -48,7 +48,8 @@ build: ## Build every command into ./bin.
 # run-time epoch bump needs the admin socket's test routes); and, with the tag too, the daemon
 # and the tests of pkg/fiberd whose assertions read TestHooks (HOOKED_TESTS; test/layout checks
 # the list is whole). The first two run side by side: much of their time is spent waiting on
-# processes, not on the CPU. go vet runs in make vet, so not again here (-vet=off). GORACE
+# processes, not on the CPU. Before them, `go list -race -export` compiles every package once
+# (no test, no link): two go commands side by side would each compile what they share. go vet runs in make vet, so not again here (-vet=off). GORACE
 # atexit_sleep_ms=0: a race build's exit waits a second by default, in every test binary and in
 # every race-built fiberd a test starts and stops; races are reported all the same.
 HOOKED_TESTS := ^(TestAdminHooks|TestAdminSocket|TestConfigValidate)$$
@@ -56,6 +57,7 @@ TEST_FLAGS := -race -count=1 -vet=off
 TEST_ENV := GORACE=atexit_sleep_ms=0
 
 test: ## Unit tests with the race detector: the module (the conformance suite in its testhooks build), the testhooks build of the daemon and of the agent's hooked tests, the tools module.
+	$(GO) list -race -export ./... >/dev/null
 	@echo "$(TEST_ENV) $(GO) test $(TEST_FLAGS) <every package but test/conformance> &"; \
 	echo "$(TEST_ENV) $(GO) test $(TEST_FLAGS) -tags testhooks ./test/conformance/... ./cmd/fiberd/... &"; \
 	$(TEST_ENV) $(GO) test $(TEST_FLAGS) $$($(GO) list ./... | grep -v '/test/conformance$$') & module=$$!; \

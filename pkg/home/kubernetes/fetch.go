@@ -6,8 +6,6 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
-	"encoding/base64"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -136,7 +134,7 @@ func (f *fetcher) fetch(ctx context.Context) ([]byte, tokenClaims, error) {
 		return nil, tokenClaims{}, fmt.Errorf("GET %s: the grant is larger than %d bytes", f.url, maxTokenSize)
 	}
 	token := bytes.TrimSpace(body)
-	claims, err := peekClaims(token)
+	claims, err := grant.PeekLease(token)
 	if err != nil {
 		return nil, tokenClaims{}, fmt.Errorf("GET %s: the answer is not a grant: %w", f.url, err)
 	}
@@ -209,56 +207,8 @@ func ended(ctx context.Context, last error) error {
 }
 
 // tokenClaims is what the home reads of a grant token without verifying
-// it: the UID and the lease.
-type tokenClaims struct {
-	UID      string
-	IssuedAt time.Time
-	Expiry   time.Time
-}
-
-// renewAt is halfway through the lease.
-func (c tokenClaims) renewAt() time.Time {
-	return core.Grant{IssuedAt: c.IssuedAt, Expiry: c.Expiry}.RenewAt()
-}
-
-// peekClaims reads jti, iat and exp from a compact JWT without checking
-// its signature; the agent verifies every token it admits. It refuses a
-// token over maxTokenSize, one that is not three dot-separated parts, and
-// one whose exp is missing or not after iat.
-func peekClaims(token []byte) (tokenClaims, error) {
-	if len(token) > maxTokenSize {
-		return tokenClaims{}, fmt.Errorf("token of %d bytes is over the %d-byte limit", len(token), maxTokenSize)
-	}
-	parts := bytes.Split(token, []byte("."))
-	if len(parts) != 3 {
-		return tokenClaims{}, errors.New("token is not a compact JWS (three dot-separated parts)")
-	}
-	payload := make([]byte, base64.RawURLEncoding.DecodedLen(len(parts[1])))
-	n, err := base64.RawURLEncoding.Decode(payload, parts[1])
-	if err != nil {
-		return tokenClaims{}, fmt.Errorf("token payload: %w", err)
-	}
-	var c struct {
-		JTI string   `json:"jti"`
-		IAT *float64 `json:"iat"`
-		EXP *float64 `json:"exp"`
-	}
-	if err := json.Unmarshal(payload[:n], &c); err != nil {
-		return tokenClaims{}, fmt.Errorf("token payload: %w", err)
-	}
-	if c.EXP == nil || c.IAT == nil {
-		return tokenClaims{}, errors.New("token has no iat or exp")
-	}
-	const maxUnix = 1 << 40 // far beyond any lease, and within time.Time
-	if *c.IAT < 0 || *c.EXP < 0 || *c.IAT > maxUnix || *c.EXP > maxUnix {
-		return tokenClaims{}, errors.New("token iat or exp out of range")
-	}
-	iat, exp := time.Unix(int64(*c.IAT), 0), time.Unix(int64(*c.EXP), 0)
-	if !exp.After(iat) {
-		return tokenClaims{}, errors.New("token exp is not after iat")
-	}
-	return tokenClaims{UID: c.JTI, IssuedAt: iat, Expiry: exp}, nil
-}
+// it (grant.PeekLease): the UID and the lease.
+type tokenClaims = grant.Lease
 
 // firstLine is the first line of an error body, bounded, for logs.
 func firstLine(body []byte) string {

@@ -177,7 +177,7 @@ func (h *Home) firstFetch(ctx context.Context) error {
 	cancel()
 	if err == nil {
 		h.setOwnGrant(token, claims)
-		h.log.Info("Fetched this Pod's grant", "path", h.fetch.path, "expiry", claims.Expiry, "renewAt", claims.renewAt())
+		h.log.Info("Fetched this Pod's grant", "path", h.fetch.path, "expiry", claims.Expiry, "renewAt", claims.RenewAt())
 		return nil
 	}
 	if ctx.Err() != nil {
@@ -203,7 +203,7 @@ func (h *Home) grantFile() ([]byte, tokenClaims, error) {
 		return nil, tokenClaims{}, fmt.Errorf("grant file %s: %w", h.fetch.path, err)
 	}
 	b = bytes.TrimSpace(b)
-	c, err := peekClaims(b)
+	c, err := grant.PeekLease(b)
 	switch {
 	case err != nil:
 		return nil, tokenClaims{}, fmt.Errorf("grant file %s: %w", h.fetch.path, err)

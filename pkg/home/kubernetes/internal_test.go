@@ -1,12 +1,10 @@
 package kubernetes
 
 import (
-	"encoding/base64"
 	"errors"
 	"slices"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/go-logr/logr"
 	"github.com/go-logr/logr/funcr"
@@ -62,66 +60,6 @@ func TestResolveCgroupRoot(t *testing.T) {
 			t.Errorf("%s: logged %q; want one line saying so, the reason %q and the fix", tc.name, lines, tc.reason)
 		}
 	}
-}
-
-func seg(s string) string { return base64.RawURLEncoding.EncodeToString([]byte(s)) }
-
-func TestPeekClaims(t *testing.T) {
-	hdr := seg(`{"alg":"EdDSA","kid":"k"}`)
-	tests := []struct {
-		name    string
-		token   string
-		wantErr bool
-		want    tokenClaims
-	}{
-		{"good", hdr + "." + seg(`{"jti":"g1","iat":1000,"exp":3000}`) + ".c2ln", false,
-			tokenClaims{UID: "g1", IssuedAt: time.Unix(1000, 0), Expiry: time.Unix(3000, 0)}},
-		{"fractional", hdr + "." + seg(`{"iat":1000.5,"exp":3000.9}`) + ".c2ln", false,
-			tokenClaims{IssuedAt: time.Unix(1000, 0), Expiry: time.Unix(3000, 0)}},
-		{"two parts", hdr + "." + seg(`{"iat":1,"exp":2}`), true, tokenClaims{}},
-		{"no exp", hdr + "." + seg(`{"iat":1}`) + ".c2ln", true, tokenClaims{}},
-		{"exp before iat", hdr + "." + seg(`{"iat":5,"exp":2}`) + ".c2ln", true, tokenClaims{}},
-		{"negative", hdr + "." + seg(`{"iat":-5,"exp":2}`) + ".c2ln", true, tokenClaims{}},
-		{"huge", hdr + "." + seg(`{"iat":1,"exp":1e300}`) + ".c2ln", true, tokenClaims{}},
-		{"bad base64", hdr + ".!!!.c2ln", true, tokenClaims{}},
-		{"not json", hdr + "." + seg(`[1,2]`) + ".c2ln", true, tokenClaims{}},
-		{"oversized", hdr + "." + seg(`{"iat":1,"exp":2,"x":"`+strings.Repeat("a", maxTokenSize)+`"}`) + ".c2ln", true, tokenClaims{}},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			got, err := peekClaims([]byte(tt.token))
-			if (err != nil) != tt.wantErr {
-				t.Fatalf("peekClaims: %v, wantErr %v", err, tt.wantErr)
-			}
-			if !tt.wantErr && (got.UID != tt.want.UID || !got.IssuedAt.Equal(tt.want.IssuedAt) || !got.Expiry.Equal(tt.want.Expiry)) {
-				t.Fatalf("peekClaims = %+v, want %+v", got, tt.want)
-			}
-		})
-	}
-	c, _ := peekClaims([]byte(tests[0].token))
-	if want := time.Unix(2000, 0); !c.renewAt().Equal(want) {
-		t.Fatalf("renewAt = %v, want iat + (exp-iat)/2 = %v", c.renewAt(), want)
-	}
-}
-
-// FuzzPeekClaims: a grant fetch's answer is untrusted; the peek must never
-// panic and must keep its promises on what it accepts.
-func FuzzPeekClaims(f *testing.F) {
-	hdr := seg(`{"alg":"EdDSA","kid":"k"}`)
-	f.Add([]byte(hdr + "." + seg(`{"jti":"g1","iat":1000,"exp":3000}`) + ".c2ln"))
-	f.Add([]byte(hdr + "." + seg(`{"iat":1e20,"exp":1e21}`) + ".c2ln"))
-	f.Add([]byte("a.b.c"))
-	f.Add([]byte(".."))
-	f.Add([]byte(""))
-	f.Fuzz(func(t *testing.T, token []byte) {
-		c, err := peekClaims(token)
-		if err != nil {
-			return
-		}
-		if len(token) > maxTokenSize || !c.Expiry.After(c.IssuedAt) {
-			t.Fatalf("accepted %q as %+v", token, c)
-		}
-	})
 }
 
 // The Pod's claims: named directly in spec, or generated from a template

@@ -331,12 +331,12 @@ func (h *Home) renewLoop(ctx context.Context) {
 		h.mu.Lock()
 		cur := h.ownClaims
 		h.mu.Unlock()
-		if !h.sleepUntil(ctx, cur.renewAt()) {
+		if !h.sleepUntil(ctx, cur.RenewAt()) {
 			return
 		}
 		h.log.Info("Renewing this Pod's grant", "expiry", cur.Expiry)
 		accept := func(c tokenClaims) error {
-			if at := c.renewAt(); !at.After(h.clk.Now()) {
+			if at := c.RenewAt(); !at.After(h.clk.Now()) {
 				return fmt.Errorf("the controller answered with a grant that is itself due for renewal (iat %v, exp %v); keeping the current one", c.IssuedAt, c.Expiry)
 			}
 			return nil
@@ -346,7 +346,7 @@ func (h *Home) renewLoop(ctx context.Context) {
 			return // only when ctx ended
 		}
 		h.setOwnGrant(token, claims)
-		h.log.Info("Renewed this Pod's grant", "path", h.fetch.path, "expiry", claims.Expiry, "renewAt", claims.renewAt())
+		h.log.Info("Renewed this Pod's grant", "path", h.fetch.path, "expiry", claims.Expiry, "renewAt", claims.RenewAt())
 	}
 }
 
