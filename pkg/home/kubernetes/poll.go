@@ -354,6 +354,11 @@ func (h *Home) renewLoop(ctx context.Context) {
 // again.
 const recheckEvery = time.Minute
 
+// armSlack is how far the clock may move while sleepUntil arms a timer
+// before the timer is armed again: a clock stepped in between (a fake
+// clock's Step in a test, a wall-clock step) would leave it late by the step.
+const armSlack = 10 * time.Millisecond
+
 // sleepUntil waits on the clock until it reads t or later, and reports
 // false when ctx ended first. It reads the clock again at least every
 // recheckEvery: t is a wall-clock time (a grant's renewal time, from the
@@ -365,11 +370,18 @@ func (h *Home) sleepUntil(ctx context.Context, t time.Time) bool {
 		if ctx.Err() != nil {
 			return false
 		}
-		d := t.Sub(h.clk.Now())
+		now := h.clk.Now()
+		d := t.Sub(now)
 		if d <= 0 {
 			return true
 		}
 		tm := h.clk.NewTimer(min(d, recheckEvery))
+		if h.clk.Since(now) > armSlack {
+			// The clock moved while the timer was armed, which then runs
+			// that much late: arm it again from the time as it is now.
+			tm.Stop()
+			continue
+		}
 		select {
 		case <-ctx.Done():
 			tm.Stop()
