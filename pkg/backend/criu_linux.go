@@ -16,6 +16,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"fiberd.io/fiberd/pkg/procnet"
 	"fiberd.io/fiberd/pkg/procrec"
 )
 
@@ -297,21 +298,17 @@ func (h pidHolder) stillHeld(pid int) bool {
 // listener's address from the connect on). CRIU cannot dump those, as it
 // cannot dump the client end outside the fiber.
 func unixPeersOf(pid int, addr string, ino uint64) int {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/net/unix", pid))
+	f, err := os.Open(fmt.Sprintf("/proc/%d/net/unix", pid))
 	if err != nil || addr == "" {
 		return 0
 	}
+	defer f.Close()
 	n := 0
-	for _, line := range strings.Split(string(b), "\n")[1:] {
-		// Num RefCount Protocol Flags Type St Inode [Path]
-		f := strings.Fields(line)
-		if len(f) < 8 || f[4] != "0001" || strings.Join(f[7:], " ") != addr {
-			continue
-		}
-		if i, err := strconv.ParseUint(f[6], 10, 64); err == nil && i != ino {
+	procnet.ScanUnix(f, func(s procnet.UnixSocket) {
+		if s.Type == "0001" && s.Path == addr && s.Inode != ino {
 			n++
 		}
-	}
+	})
 	return n
 }
 

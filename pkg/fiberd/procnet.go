@@ -2,11 +2,12 @@ package fiberd
 
 import (
 	"bufio"
-	"bytes"
 	"io"
 	"os"
 	"strconv"
 	"strings"
+
+	"fiberd.io/fiberd/pkg/procnet"
 )
 
 // This file reads the kernel's socket tables (/proc/net) for the pressure
@@ -39,7 +40,7 @@ func readOpenConns() *openConns {
 }
 
 // maxProcNetLines bounds the lines read of one /proc/net file.
-const maxProcNetLines = 1 << 20
+const maxProcNetLines = procnet.MaxLines
 
 // TCP states of /proc/net/tcp that are no open connection: LISTEN (0A),
 // TIME_WAIT (06) and CLOSE (07).
@@ -66,36 +67,13 @@ func parseTCPConns(r io.Reader, ports map[int]bool) {
 }
 
 // parseUnixConns adds to paths the path of every connected stream socket
-// of a /proc/net/unix table ("Num RefCount Protocol Flags Type St Inode
-// Path"): a socket a listener accepted shows the listener's path.
+// of a /proc/net/unix table: a socket a listener accepted shows the
+// listener's path.
 func parseUnixConns(r io.Reader, paths map[string]bool) {
-	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 4096), 64<<10)
-	for n := 0; sc.Scan() && n < maxProcNetLines; n++ {
-		line := sc.Bytes()
-		f := bytes.FieldsFunc(line, isFieldSep)
-		// St 03 is SS_CONNECTED; a path never holds the fields before it.
-		if n == 0 || len(f) < 8 || string(f[5]) != "03" {
-			continue
+	procnet.ScanUnix(r, func(s procnet.UnixSocket) {
+		// St 03 is SS_CONNECTED.
+		if s.State == "03" && s.Path != "" {
+			paths[s.Path] = true
 		}
-		paths[string(afterFields(line, 7))] = true
-	}
-}
-
-// isFieldSep reports whether r separates the fields of a /proc/net line:
-// a space or a tab, never another byte a path may hold.
-func isFieldSep(r rune) bool { return r == ' ' || r == '\t' }
-
-// afterFields is line after its first n fields (separated as isFieldSep
-// says) and the separators that follow them.
-func afterFields(line []byte, n int) []byte {
-	for i := 0; i < n; i++ {
-		line = bytes.TrimLeft(line, " \t")
-		j := bytes.IndexAny(line, " \t")
-		if j < 0 {
-			return nil
-		}
-		line = line[j:]
-	}
-	return bytes.TrimLeft(line, " \t")
+	})
 }
