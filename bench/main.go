@@ -371,11 +371,16 @@ func measure(ctx context.Context, o options, p *progress, log logr.Logger, kube 
 		res.Density = append(res.Density, row)
 	}
 
-	res.Park, err = ag.parkRows(ctx, tpl, o.parkN, min(o.n, 100), p)
+	res.Park, err = ag.parkRows(ctx, tpl, parkCases, o.parkN, min(o.n, 100), p)
 	if err != nil {
 		return fmt.Errorf("park: %w", err)
 	}
 	ag.stop()
+	isoPark, err := measureIsolatedPark(ctx, work, tpl, o, p, log)
+	if err != nil {
+		return fmt.Errorf("isolated park: %w", err)
+	}
+	res.Park = append(res.Park, isoPark...)
 
 	res.APIServer = APIServerResult{Note: "kube-apiserver not run", Poll: o.kubePoll.String()}
 	res.KubeHome = KubeHomeResult{Note: "kube-apiserver not run", Poll: o.kubePoll.String()}
@@ -411,6 +416,36 @@ func measure(ctx context.Context, o options, p *progress, log logr.Logger, kube 
 		res.Latency = latencyRows(latency)
 	}
 	return nil
+}
+
+// measureIsolatedPark measures the park rows' isolated twins on an agent
+// of their own that isolates every fiber; where the host does not isolate
+// (not root) the rows say why.
+func measureIsolatedPark(ctx context.Context, work string, k *kit, o options, p *progress, log logr.Logger) ([]ParkRow, error) {
+	cases := isolatedParkCases()
+	var names []string
+	for _, c := range cases {
+		if _, ok := k.specs[c.tmpl]; ok {
+			names = append(names, c.tmpl)
+		}
+	}
+	if len(names) == 0 {
+		return nil, nil
+	}
+	p.Phasef("starting a fiberd in-process with -isolation fiber for the isolated park rows")
+	ag, err := startAgent(ctx, filepath.Join(work, "isolated-park"), k, o, backend.IsolationFiber, names, log)
+	if err != nil {
+		return nil, err
+	}
+	defer ag.stop()
+	if missing := ag.isolationMissing(ctx); missing != "" {
+		rows := make([]ParkRow, len(cases))
+		for i, c := range cases {
+			rows[i] = ParkRow{Case: c.name, Template: c.tmpl, Note: "not isolated on this host: " + missing}
+		}
+		return rows, nil
+	}
+	return ag.parkRows(ctx, k, cases, o.parkN, min(o.n, 100), p)
 }
 
 // measureIsolated measures clone to first byte of the warm C and Python

@@ -56,21 +56,37 @@ type ParkRow struct {
 	ResumeTarget float64 `json:"resumeTargetMs,omitempty"`
 }
 
-// parkRows measures every park case, or says why it cannot.
-func (r *agentRig) parkRows(ctx context.Context, k *kit, n, cloneN int, p *progress) ([]ParkRow, error) {
+// isolatedParkCases are parkCases on an agent that isolates every fiber
+// (-isolation fiber, fiberd's default on a standalone host): their
+// isolated twins, without targets of their own.
+func isolatedParkCases() []parkCase {
+	out := make([]parkCase, len(parkCases))
+	for i, c := range parkCases {
+		out[i] = parkCase{name: c.name + ", isolated (fiber)", tmpl: c.tmpl}
+	}
+	return out
+}
+
+// parkRows measures every one of cases, or says why it cannot.
+func (r *agentRig) parkRows(ctx context.Context, k *kit, cases []parkCase, n, cloneN int, p *progress) ([]ParkRow, error) {
 	st, err := r.client.Status(ctx)
 	if err != nil {
 		return nil, err
 	}
 	var out []ParkRow
-	for _, c := range parkCases {
+	for _, c := range cases {
 		row := ParkRow{Case: c.name, Template: c.tmpl, ParkTarget: c.parkTarget, ResumeTarget: c.resumeTarget}
 		uid, ok := r.uids[c.tmpl]
+		g, _ := grantIn(st, uid)
 		switch {
 		case !st.Checkpoint.Available:
 			row.Note = "CHECKPOINT tier absent: " + st.Checkpoint.Reason
 		case !ok:
 			row.Note = k.missing[c.tmpl]
+		case g.Tier != "CHECKPOINT" && st.Checkpoint.Isolated != "":
+			row.Note = "isolated fibers do not park here: " + st.Checkpoint.Isolated
+		case g.Tier != "CHECKPOINT":
+			row.Note = fmt.Sprintf("the grant is served at %s, not CHECKPOINT", g.Tier)
 		}
 		if row.Note != "" {
 			out = append(out, row)
@@ -190,4 +206,14 @@ func parkMarkdown(b *strings.Builder, rows []ParkRow) {
 	b.WriteString("Park is `POST /v1/park` until it answers (the image written, the fiber ended); resume is the Clone of the parked session until the resumed fiber's first HTTP byte. " +
 		"An image holds every page the fiber maps, the pages it still shares with its zygote too, so it is larger than the fiber's own memory (`ownBytes`, private dirty). " +
 		"The targets are issue 18's, for an idle machine.\n\n")
+}
+
+// grantIn is grant uid of st.
+func grantIn(st api.Status, uid string) (api.GrantStatus, bool) {
+	for _, g := range st.Grants {
+		if g.UID == uid {
+			return g, true
+		}
+	}
+	return api.GrantStatus{}, false
 }

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# criu.sh - build the CRIU that fiberd's CHECKPOINT tier (park and resume) runs: CRIU 4.2.1,
+# criu.sh - build the CRIU that fiberd's CHECKPOINT tier (park and resume) runs: CRIU 4.2.1 with fiberd's patches (hack/criu-patches),
 # compiled from the original source tarball of Debian's source package, fetched with apt-get.
 # Debian bookworm's own criu 3.17.1 cannot run on kernels 6.13 and later ("vdso: Unexpected rt
 # vDSO area bounds"), and trixie's 4.1.1 cannot dump a TCP socket on 6.18 ("Can't get 1:16 opt").
@@ -41,8 +41,13 @@ SHA256=29ec0ee09e296479fe7048c80980e8ef1d0684d0b0204c2b101dfea19f6725b9
 KDAT_DIR=/dev/shm/fiberd-criu
 SUITES=${FIBERD_CRIU_SUITES:-sid testing}
 # Bump when the way the binary is built changes, so caches made by an older script rebuild.
-RECIPE=1
-PACKAGES=(build-essential pkg-config xz-utils libbsd-dev libcap-dev libnet1-dev libnl-3-dev
+RECIPE=2
+# fiberd's patches (hack/criu-patches, each explained at its top), applied in
+# name order; they let criu park a fiber of an isolated grant. `criu --version`
+# of the build says "GitID: $EXTRA", which is how fiberd knows it has them.
+PATCHES=$(cd "$(dirname "${BASH_SOURCE[0]}")/criu-patches" && pwd)
+EXTRA=fiberd1
+PACKAGES=(build-essential patch pkg-config xz-utils libbsd-dev libcap-dev libnet1-dev libnl-3-dev
 	libnl-route-3-dev libprotobuf-c-dev libprotobuf-dev protobuf-c-compiler protobuf-compiler uuid-dev)
 
 command -v flock >/dev/null 2>&1 || fail "flock (util-linux) is not on PATH"
@@ -56,7 +61,8 @@ if ! flock -n 8; then
 	flock 8
 fi
 
-STAMP="criu=$VERSION sha256=$SHA256 kdat=$KDAT_DIR recipe=$RECIPE"
+PATCH_SUM=$(cat "$PATCHES"/*.patch | sha256sum | cut -c1-16)
+STAMP="criu=$VERSION gitid=$EXTRA sha256=$SHA256 patches=$PATCH_SUM kdat=$KDAT_DIR recipe=$RECIPE"
 if [[ -r $BIN/.stamp && "$(cat "$BIN/.stamp")" == "$STAMP" && -x $BIN/criu ]]; then
 	say "up to date: $BIN/criu ($STAMP)"
 	exit 0
@@ -103,14 +109,19 @@ echo "$SHA256  $tarball" | sha256sum -c --quiet - || fail "criu_$VERSION.orig.ta
 say "compiling criu $VERSION (source fetched at $((SECONDS - start)) s) ..."
 mkdir -p "$W/build"
 tar -C "$W/build" --strip-components=1 -xf "$tarball"
+for p in "$PATCHES"/*.patch; do
+	patch -d "$W/build" -p1 --quiet --forward <"$p" >>"$W/patch.log" 2>&1 || { cat "$W/patch.log" >&2; fail "patch $(basename "$p") does not apply"; }
+done
 # NO_GNUTLS: the page server's TLS is not used, and the binary needs one library fewer at run time.
-if ! make -C "$W/build" -j"$(nproc)" RUNDIR="$KDAT_DIR" NO_GNUTLS=1 criu >"$W/build.log" 2>&1; then
+if ! make -C "$W/build" -j"$(nproc)" RUNDIR="$KDAT_DIR" NO_GNUTLS=1 GITID="$EXTRA" criu >"$W/build.log" 2>&1; then
 	tail -n 30 "$W/build.log" >&2
 	fail "make criu failed"
 fi
 install -m 0755 "$W/build/criu/criu" "$BIN/.criu.partial"
 got=$("$BIN/.criu.partial" --version | awk '/^Version:/ {print $2}')
 [[ $got == "$VERSION" ]] || fail "the built criu says version '$got', want $VERSION"
+gitid=$("$BIN/.criu.partial" --version | awk '/^GitID:/ {print $2}')
+[[ $gitid == "$EXTRA" ]] || fail "the built criu says GitID '$gitid', want $EXTRA (fiberd's patches)"
 mv -f "$BIN/.criu.partial" "$BIN/criu"
 printf '%s\n' "$STAMP" >"$BIN/.stamp.partial"
 mv -f "$BIN/.stamp.partial" "$BIN/.stamp"

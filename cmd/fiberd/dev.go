@@ -476,9 +476,9 @@ poll:
 	}
 	fmt.Fprintln(stdout, "  grants:")
 	ck := agent.Checkpoint()
-	// An isolated grant runs in a user namespace CRIU cannot dump (design
-	// decision 65): its fibers are not parkable though CRIU works.
-	parkable := ck.Available && (warmLevel == "" || warmLevel == string(backend.IsolationNone))
+	// A grant at "grant" is never parkable, one at "fiber" where CRIU has
+	// fiberd's patches (ck.Isolated says why not).
+	parkable := ck.Available && ck.Isolated == "" && warmLevel != string(backend.IsolationGrant)
 	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
 	for _, g := range d.grants {
 		tier, state := "BASIC (fork+exec per clone)", "ready"
@@ -499,7 +499,11 @@ poll:
 	case parkable:
 		fmt.Fprintln(stdout, "  parking    on: a fiber cloned with -session can be parked to disk (fiberctl park); a clone of its session resumes it")
 	case ck.Available:
-		fmt.Fprintf(stdout, "  parking    off: the grants run isolated (%s), in user namespaces CRIU cannot dump; fiberd -dev -isolation none parks\n", warmLevel)
+		why := ck.Isolated
+		if why == "" {
+			why = fmt.Sprintf("the grants run isolated (%s), where fibers share their zygote's PID namespace; fiberd -dev -isolation fiber or none parks", warmLevel)
+		}
+		fmt.Fprintf(stdout, "  parking    off: %s\n", why)
 	default:
 		fmt.Fprintf(stdout, "  parking    off: %s\n", ck.Reason)
 	}

@@ -241,6 +241,12 @@ type Checkpoint struct {
 	// Reason says what is missing when Available is false (no CRIU
 	// configured or found, a CRIU too old, a missing capability).
 	Reason string `json:"reason,omitempty"`
+	// Isolated says, when Available, why the fibers of a grant isolated
+	// at "fiber" (the WARM tier's level) cannot be parked here (a CRIU
+	// without fiberd's patches, a missing capability); empty when they
+	// can, or when the tier does not isolate. Grants at "grant" are never
+	// parkable: their fibers share the zygote's PID namespace.
+	Isolated string `json:"isolated,omitempty"`
 }
 
 // TierIsolation is what one tier (one backend) of the agent isolates, in a

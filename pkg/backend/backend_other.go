@@ -53,6 +53,11 @@ func (*Proc) CheckpointSupport(context.Context) error {
 	return fmt.Errorf("%w: %w", errUnsupported, core.ErrTierGap)
 }
 
+// CheckpointIsolated fails off Linux as CheckpointSupport does.
+func (p *Proc) CheckpointIsolated(Isolation) error {
+	return p.CheckpointSupport(context.Background())
+}
+
 // Park fails off Linux.
 func (p *Proc) Park(ctx context.Context, _ ParkRequest) (Image, error) {
 	return Image{}, p.CheckpointSupport(ctx)

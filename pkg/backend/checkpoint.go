@@ -40,6 +40,16 @@ type Checkpointer interface {
 	// reason in its status when not.
 	CheckpointSupport(ctx context.Context) error
 
+	// CheckpointIsolated reports whether the fibers of a grant isolated
+	// at level (GrantIsolation) can be parked, once CheckpointSupport has
+	// said the backend parks: nil at IsolationNone and at IsolationFiber
+	// where the CRIU carries fiberd's patches (hack/criu.sh) and fiberd
+	// has CAP_SYS_ADMIN; otherwise an error wrapping core.ErrTierGap
+	// that names what is missing. At IsolationGrant a fiber shares the
+	// PID namespace its zygote leads, which CRIU dumps only whole: always
+	// a tier gap. It does not probe, and is cheap.
+	CheckpointIsolated(level Isolation) error
+
 	// Park checkpoints a running fiber's process tree into req.Dir and
 	// ends the fiber: its Exit (Reason.Parked) is queued, its leaf
 	// removed and its pid released before Park returns. The image is
@@ -242,6 +252,13 @@ type manifest struct {
 	Files map[string]int64 `json:"files"`
 	// OwnBytes is Image.OwnBytes.
 	OwnBytes int64 `json:"ownBytes"`
+	// UserNS is set when the fiber had a user namespace of its own (its
+	// grant was isolated): criu dumped its namespaces, and restores them
+	// from the shelf (shelf_linux.go).
+	UserNS bool `json:"userns,omitempty"`
+	// Externals are the files criu took as external (UserNS only); Resume
+	// hands criu the same files again.
+	Externals []externalFile `json:"externals,omitempty"`
 	// CRIU is the version that wrote the image.
 	CRIU string `json:"criu"`
 }
@@ -369,4 +386,18 @@ func (req ResumeRequest) Validate() error {
 		return fmt.Errorf("fiber %s: resume: Leaf %q is not absolute: %w", req.Fence, req.Leaf, core.ErrInvalid)
 	}
 	return nil
+}
+
+// externalFile is a file of a parked fiber that criu cannot find from
+// inside the fiber's mount namespace, so fiberd hands it to criu again at
+// resume: the grant's home (the zygote's working directory), and the
+// command fiberd opened for nsinit.
+type externalFile struct {
+	// Path is where fiberd opens it again: the home directory, the
+	// command as resolved at warm.
+	Path string `json:"path"`
+	// Key is CRIU's name of it, file[MNT:INO] in hexadecimal: the mount
+	// it was opened on and its inode. A file at Path with another key is
+	// not the one the fiber had.
+	Key string `json:"key"`
 }

@@ -66,6 +66,11 @@ type procCkpt struct {
 	// spawn starts criu restore, from a thread that outlives the fibers
 	// it restores (spawn_linux.go).
 	spawn threadSpawner
+	// shelfSpawn starts criu restore of an isolated fiber, from a thread
+	// in the shelf's mount namespace (shelf_linux.go); shelf is set by
+	// its setup, and read once its start or serving has returned.
+	shelfSpawn threadSpawner
+	shelf      *shelf
 }
 
 // fiberCkpt is a fiber's park and resume state.
@@ -108,6 +113,31 @@ func (p *Proc) CheckpointSupport(ctx context.Context) error {
 	return err
 }
 
+// CheckpointIsolated implements Checkpointer.
+func (p *Proc) CheckpointIsolated(level Isolation) error {
+	switch level {
+	case "", IsolationNone:
+		return nil
+	case IsolationGrant:
+		return fmt.Errorf("its grant runs at isolation %q, where a fiber shares the PID namespace its zygote leads, and CRIU dumps a PID namespace only whole; isolation fiber (the default) parks: %w", level, core.ErrTierGap)
+	}
+	c := &p.ck
+	c.probeMu.Lock()
+	cr, probed := c.criu, c.probed
+	c.probeMu.Unlock()
+	switch {
+	case !probed || cr == nil:
+		return fmt.Errorf("no working CRIU: %w", core.ErrTierGap)
+	case !cr.patched:
+		return fmt.Errorf("its grant runs at isolation %q, in a user namespace of its own, and the CRIU at %s lacks fiberd's patches for it: build it with hack/criu.sh (make criu): %w", level, cr.path, core.ErrTierGap)
+	case cr.unprivileged:
+		return fmt.Errorf("its grant runs at isolation %q, in a user namespace of its own, which CRIU restores only with CAP_SYS_ADMIN, and fiberd lacks it: %w", level, core.ErrTierGap)
+	case p.iso.noPark != nil:
+		return fmt.Errorf("its grant runs at isolation %q: %v: %w", level, p.iso.noPark, core.ErrTierGap)
+	}
+	return nil
+}
+
 // criu returns the probed CRIU, probing it once.
 func (p *Proc) criu(ctx context.Context) (*criu, error) {
 	c := &p.ck
@@ -140,7 +170,7 @@ func (p *Proc) criu(ctx context.Context) (*criu, error) {
 				c.probeErr = fmt.Errorf("checkpoint tier absent: %v: %w", err, core.ErrTierGap)
 				p.log.Info("Checkpoint tier absent: fibers cannot be parked", "reason", err.Error())
 			} else {
-				p.log.Info("Checkpoint tier ready", "criu", cr.path, "version", cr.version, "unprivileged", cr.unprivileged)
+				p.log.Info("Checkpoint tier ready", "criu", cr.path, "version", cr.version, "unprivileged", cr.unprivileged, "isolatedFibers", cr.patched)
 			}
 		}
 		cr, perr := c.criu, c.probeErr
@@ -261,6 +291,12 @@ func parkFacts(cr *criu, z *zygote, f *fiber, req ParkRequest) (fiberFacts, erro
 	if req.MaxBytes > 0 && m.dumpBytes > req.MaxBytes {
 		return fiberFacts{}, fmt.Errorf("its memory to write is %d bytes, over the bound of %d: %w", m.dumpBytes, req.MaxBytes, ErrTooLarge)
 	}
+	if m.UserNS = ownUserNS(f.pid); m.UserNS {
+		if err := z.p.CheckpointIsolated(IsolationFiber); err != nil {
+			return fiberFacts{}, err
+		}
+		m.Externals = z.ext
+	}
 	m.Version = manifestVersion
 	m.GrantUID, m.Epoch, m.Seq = req.Fence.GrantUID, req.Fence.Epoch, req.Fence.Seq
 	m.Template, m.SpecDigest, m.CRIU = req.Template, specDigest(z.spec), cr.version
@@ -278,9 +314,34 @@ func (p *Proc) dump(ctx context.Context, cr *criu, z *zygote, f *fiber, m fiberF
 	if err := os.Mkdir(tmp, 0o700); err != nil {
 		return 0, err
 	}
+	if m.UserNS {
+		// criu restore looks for optional image files from inside the
+		// fiber's user namespace, as a stranger to the host: it must be
+		// told "no such file", not "permission denied". The files stay
+		// criu's own (0600), and the directories above fiberd's.
+		if err := os.Chmod(tmp, 0o711); err != nil {
+			return 0, err
+		}
+	}
 	start := p.cfg.Clock.Now()
-	cmd := cr.command(ctx, cr.flags("dump", "-t", strconv.Itoa(f.pid), "-D", tmp, "-o", "dump.log",
-		"--tcp-close", "--skip-in-flight", "--manage-cgroups=ignore")...)
+	args := cr.flags("dump", "-t", strconv.Itoa(f.pid), "-D", tmp, "-o", "dump.log",
+		"--tcp-close", "--skip-in-flight", "--manage-cgroups=ignore")
+	if m.UserNS {
+		// The host's mounts the fiber sees are external, those it cannot
+		// reach left out (shelf_linux.go).
+		args = append(args, "--ext-mount-map", "auto")
+		for _, ext := range m.Externals {
+			args = append(args, "--external", ext.Key)
+		}
+		hidden, err := hiddenMounts(f.pid)
+		if err != nil {
+			return 0, fmt.Errorf("the fiber's mounts: %v: %w", err, core.ErrNotFound)
+		}
+		for _, mp := range hidden {
+			args = append(args, "--skip-mnt", mp)
+		}
+	}
+	cmd := cr.command(ctx, args...)
 	cmd.Dir = tmp
 	// criu leads a session of its own, recorded like a fiber without a
 	// leaf: what it forks during the dump has no parent-death signal, and
@@ -411,6 +472,17 @@ func describeFiber(pidfd, pid int) (fiberFacts, error) {
 		m.OwnBytes += procKB(fmt.Sprintf("/proc/%d/smaps_rollup", q), "Private_Dirty:") << 10
 	}
 	return m, nil
+}
+
+// ownUserNS reports whether the process at pid has a user namespace other
+// than fiberd's.
+func ownUserNS(pid int) bool {
+	theirs, err := nsInode(pid, "user")
+	if err != nil {
+		return false
+	}
+	ours, err := nsInode(os.Getpid(), "user")
+	return err == nil && theirs != ours
 }
 
 // listenerOf describes a listening stream socket: its network, address and
@@ -604,6 +676,7 @@ func (p *Proc) reserveResume(req ResumeRequest, m manifest) (*zygote, *pendingCl
 type restoreSetup struct {
 	args  []string
 	extra []*os.File // criu's descriptors 3 and up, named in args by --inherit-fd
+	env   []string   // added to criu's environment
 	// listener is what Resume returns as Resumed.Listener unless criu
 	// binds a new one: req.Listener for a unix image, else nil.
 	listener *os.File
@@ -647,7 +720,34 @@ func prepareRestore(cr *criu, z *zygote, req ResumeRequest, m manifest) (*restor
 		rs.release(z.p)
 		return nil, err
 	}
+	if m.UserNS {
+		if err := rs.restoreIsolated(z.p, m); err != nil {
+			rs.release(z.p)
+			return nil, err
+		}
+	}
 	return rs, nil
+}
+
+// restoreIsolated adds what criu restore of a fiber with a user namespace
+// of its own needs (see shelf_linux.go): the shelf, and the external files
+// opened again.
+func (rs *restoreSetup) restoreIsolated(p *Proc, m manifest) error {
+	if _, _, err := p.ck.shelfSpawn.serving(); err != nil {
+		return err
+	}
+	rs.args = append(rs.args, p.ck.shelf.args()...)
+	rs.args = append(rs.args, "--action-script", fmt.Sprintf("/proc/%d/exe", os.Getpid()))
+	rs.env = append(rs.env, criuHookEnv+"=1")
+	for _, ext := range m.Externals {
+		f, err := openExternal(ext)
+		if err != nil {
+			return err
+		}
+		rs.undo = append(rs.undo, func(*Proc) { _ = f.Close() })
+		rs.inherit(f, ext.Key)
+	}
+	return nil
 }
 
 // restoreListener arranges the image's listener. A unix one is
@@ -703,6 +803,7 @@ func (p *Proc) restore(ctx context.Context, cr *criu, z *zygote, req ResumeReque
 	cmd := cr.command(ctx, rs.args...)
 	cmd.Dir = req.Image
 	cmd.ExtraFiles = rs.extra
+	cmd.Env = append(cmd.Env, rs.env...)
 	if req.Leaf != "" {
 		leafF, err := cgroup.At(req.Leaf).Open()
 		if err != nil {
@@ -722,7 +823,11 @@ func (p *Proc) restore(ctx context.Context, cr *criu, z *zygote, req ResumeReque
 	if !m.OwnPIDNS {
 		holder = holderOf(m.PID)
 	}
-	rerr := p.ck.spawn.start(cmd)
+	spawner := &p.ck.spawn
+	if m.UserNS {
+		spawner = &p.ck.shelfSpawn
+	}
+	rerr := spawner.start(cmd)
 	if rerr == nil {
 		rerr = cmd.Wait()
 	}

@@ -64,7 +64,11 @@ type criu struct {
 	// CAP_CHECKPOINT_RESTORE and CAP_SYS_PTRACE; criu runs with
 	// --unprivileged.
 	unprivileged bool
-	env          []string
+	// patched: the build carries fiberd's patches (its --version says
+	// "GitID: fiberd1", see hack/criu.sh), which parking a fiber of an
+	// isolated grant needs.
+	patched bool
+	env     []string
 }
 
 // probeCRIU checks that the criu at path can park and resume fibers here.
@@ -85,6 +89,7 @@ func probeCRIU(ctx context.Context, path, envPath string) (*criu, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%s --version: %w", path, err)
 	}
+	c.patched = criuGitID(out) == criuPatches
 	if !versionAtLeast(c.version, minCRIU) {
 		return nil, fmt.Errorf("CRIU at %s is %s; fiberd needs %d.%d or later (3.17 fails on kernels 6.13 and later, 4.1 cannot dump TCP sockets on 6.18): build 4.2.1 with hack/criu.sh", path, c.version, minCRIU[0], minCRIU[1])
 	}
@@ -139,6 +144,20 @@ func (c *criu) flags(action string, args ...string) []string {
 		out = append(out, "--unprivileged")
 	}
 	return append(out, args...)
+}
+
+// criuPatches is the GitID hack/criu.sh gives the CRIU it builds with
+// fiberd's patches (hack/criu-patches).
+const criuPatches = "fiberd1"
+
+// criuGitID reads "GitID: ..." from criu --version; "" when absent.
+func criuGitID(out []byte) string {
+	for _, line := range strings.Split(string(out), "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "GitID:"); ok {
+			return strings.TrimSpace(v)
+		}
+	}
+	return ""
 }
 
 // parseCRIUVersion reads "Version: 4.2.1" from criu --version.

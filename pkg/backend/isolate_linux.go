@@ -75,6 +75,10 @@ type sandbox struct {
 	// it, from before it was covered, or -1: whence a grant's own cgroup
 	// is bound over the cover (see start).
 	cgroups int
+	// noPark says why fibers of isolated grants cannot be parked
+	// (CheckpointIsolated), when the spawner could not make its covers
+	// binds of isolationDir/empty; set before the spawner serves.
+	noPark error
 
 	reqs chan func()   // run on the spawner thread
 	quit chan struct{} // closed by close
@@ -155,7 +159,7 @@ func (s *sandbox) startSpawner() error {
 		// then, so close runs only once they are all gone.
 		runtime.LockOSThread()
 		var err error
-		if s.cgroups, err = buildIsolationMounts(); err != nil {
+		if s.cgroups, s.noPark, err = buildIsolationMounts(); err != nil {
 			ready <- err
 			return
 		}
@@ -179,32 +183,45 @@ func (s *sandbox) startSpawner() error {
 
 // buildIsolationMounts makes the calling thread's mount namespace the base
 // every isolated grant's is copied from (see the comment at the top). It
-// returns a descriptor of cgroupView from before it was covered, or -1.
-func buildIsolationMounts() (cgroups int, err error) {
+// returns a descriptor of cgroupView from before it was covered, or -1,
+// and, when the covers had to be tmpfs mounts (no isolationDir), why the
+// fibers of isolated grants cannot be parked.
+func buildIsolationMounts() (cgroups int, noPark, err error) {
 	if err := unix.Unshare(unix.CLONE_FS | unix.CLONE_NEWNS); err != nil {
-		return -1, fmt.Errorf("unshare: %w", err)
+		return -1, nil, fmt.Errorf("unshare: %w", err)
 	}
 	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_SLAVE, ""); err != nil {
-		return -1, fmt.Errorf("make / a slave: %w", err)
+		return -1, nil, fmt.Errorf("make / a slave: %w", err)
 	}
 	if err := unix.Mount("proc", "/proc", "proc", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, hiddenProcOptions); err != nil {
-		return -1, fmt.Errorf("mount /proc with %s: %w", hiddenProcOptions, err)
+		return -1, nil, fmt.Errorf("mount /proc with %s: %w", hiddenProcOptions, err)
 	}
 	cgroups = -1
 	if fd, err := unix.Open(cgroupView, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0); err == nil {
 		cgroups = fd
 	}
-	fail := func(err error) (int, error) {
+	fail := func(err error) (int, error, error) {
 		if cgroups >= 0 {
 			_ = unix.Close(cgroups)
 		}
-		return -1, err
+		return -1, nil, err
+	}
+	empty, emptyErr := openEmptyDir()
+	if emptyErr == nil {
+		defer unix.Close(empty)
+	} else {
+		noPark = fmt.Errorf("the covers of an isolated grant's scratch directories are tmpfs mounts, which CRIU cannot dump: %w", emptyErr)
 	}
 	for _, d := range append(append([]string{}, scratchDirs...), coveredDirs...) {
 		if st, err := os.Stat(d); err != nil || !st.IsDir() {
 			continue
 		}
-		if err := unix.Mount("fiberd-empty", d, "tmpfs", unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "mode=0755,size=4k"); err != nil {
+		if emptyErr == nil {
+			err = cover(d, empty)
+		} else {
+			err = unix.Mount("fiberd-empty", d, "tmpfs", unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "mode=0755,size=4k")
+		}
+		if err != nil {
 			return fail(fmt.Errorf("cover %s: %w", d, err))
 		}
 	}
@@ -214,7 +231,20 @@ func buildIsolationMounts() (cgroups int, err error) {
 	if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
 		return fail(fmt.Errorf("no_new_privs: %w", err))
 	}
-	return cgroups, nil
+	return cgroups, noPark, nil
+}
+
+// cover binds the empty directory open on empty over dir, read-only. A
+// bind of a host directory rather than an empty tmpfs: CRIU finds it again
+// on the host when it parks a fiber (an external mount), where a tmpfs
+// would be dumped, which it cannot do for a locked mount with a locked one
+// on top (see shelf_linux.go).
+func cover(dir string, empty int) error {
+	src := "/proc/self/fd/" + strconv.Itoa(empty)
+	if err := unix.Mount(src, dir, "", unix.MS_BIND, ""); err != nil {
+		return err
+	}
+	return unix.Mount("", dir, "", unix.MS_REMOUNT|unix.MS_BIND|unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "")
 }
 
 // readOnlyHost makes every mount of the calling thread's mount namespace
@@ -420,13 +450,12 @@ func (s *sandbox) prepare(st isoStart) (*started, error) {
 		flags |= unix.CLONE_NEWNET
 		caps = append(caps, unix.CAP_NET_ADMIN)
 	}
-	id := int(st.id)
 	attr := &syscall.SysProcAttr{
 		Setsid:                     true,
 		Pdeathsig:                  syscall.SIGKILL,
 		Cloneflags:                 flags,
-		UidMappings:                []syscall.SysProcIDMap{{ContainerID: id, HostID: id, Size: 1}},
-		GidMappings:                []syscall.SysProcIDMap{{ContainerID: id, HostID: id, Size: 1}},
+		UidMappings:                idMap(st.id),
+		GidMappings:                idMap(st.id),
 		GidMappingsEnableSetgroups: true,
 		Credential:                 &syscall.Credential{Uid: st.id, Gid: st.id, Groups: []uint32{}},
 		AmbientCaps:                caps,
@@ -454,6 +483,18 @@ func (s *sandbox) prepare(st isoStart) (*started, error) {
 		cmd.Stdout, cmd.Stderr = st.out, st.out
 	}
 	return &started{cmd: cmd, status: r, child: w}, nil
+}
+
+// idMap is the user (and group) id map of the user namespace of a grant
+// running as id: id to itself, and root to rootID(id), as which nothing
+// runs (the grant's processes start as id with no_new_privs, and no file
+// of the host is owned by rootID); CRIU needs root mapped to dump the
+// namespace and to restore it.
+func idMap(id uint32) []syscall.SysProcIDMap {
+	return []syscall.SysProcIDMap{
+		{ContainerID: 0, HostID: int(rootID(id)), Size: 1},
+		{ContainerID: int(id), HostID: int(id), Size: 1},
+	}
 }
 
 // past is a read deadline that has passed: setting it wakes a blocked read.

@@ -103,12 +103,15 @@ const (
 // grant.
 var ErrNoIDs = errors.New("no free id for the grant's user")
 
-// IDPool hands out the user (and group) ids isolated grants run as: one id
-// per warm grant, never the same for two grants at once. A grant gets the
-// same id each time it is warmed while the id is free, so files it leaves
-// in its home directory stay its own across restarts of fiberd. Both
-// backends of one fiberd must share one pool (Config.IDs); it is safe for
-// concurrent use.
+// IDPool hands out the user (and group) ids isolated grants run as: two
+// ids per warm grant, never the same for two grants at once. The grant's
+// processes run as the first (acquire's id); the second (rootID) is what
+// root of the grant's user namespace maps to, which none of its processes
+// runs as: CRIU needs root mapped to dump and restore the namespace (a
+// parked fiber of an isolated grant). A grant gets the same ids each time
+// it is warmed while they are free, so files it leaves in its home
+// directory stay its own across restarts of fiberd. Both backends of one
+// fiberd must share one pool (Config.IDs); it is safe for concurrent use.
 type IDPool struct {
 	first, count uint32
 
@@ -122,14 +125,15 @@ type idHold struct {
 	holds int
 }
 
-// NewIDPool returns a pool of count ids from first. The range must not
-// include 0 and must end below 2^32-1 (the kernel's invalid id); the ids
-// should belong to no user of the host, since a grant's processes can
-// touch whatever those users own.
+// NewIDPool returns a pool of count ids from first: count/2 grants at
+// once. The range must hold two ids at least, must not include 0 and must
+// end below 2^32-1 (the kernel's invalid id); the ids should belong to no
+// user of the host, since a grant's processes can touch whatever those
+// users own.
 func NewIDPool(first, count uint32) (*IDPool, error) {
 	switch {
-	case count == 0:
-		return nil, fmt.Errorf("backend: id range of 0 ids: give at least one")
+	case count < 2:
+		return nil, fmt.Errorf("backend: id range of %d ids: give at least two (each grant takes two)", count)
 	case first == 0:
 		return nil, fmt.Errorf("backend: id range starts at 0 (root): start above every user of the host, e.g. %d", DefaultIDFirst)
 	case uint64(first)+uint64(count) > 1<<32-1:
@@ -138,9 +142,9 @@ func NewIDPool(first, count uint32) (*IDPool, error) {
 	return &IDPool{first: first, count: count, byGrant: map[string]idHold{}, held: map[uint32]string{}}, nil
 }
 
-// acquire returns the grant's id, holding it once more: the id the grant
-// already holds, else the first free id from a hash of its UID. It fails
-// with ErrNoIDs when every id is held.
+// acquire returns the grant's id, holding it (and rootID of it) once
+// more: the id the grant already holds, else the first free pair from a
+// hash of its UID. It fails with ErrNoIDs when every pair is held.
 func (p *IDPool) acquire(grantUID string) (uint32, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -151,17 +155,22 @@ func (p *IDPool) acquire(grantUID string) (uint32, error) {
 	}
 	f := fnv.New32a()
 	_, _ = f.Write([]byte(grantUID))
-	start := f.Sum32() % p.count
-	for i := uint32(0); i < p.count; i++ {
-		id := p.first + (start+i)%p.count
+	pairs := p.count / 2
+	start := f.Sum32() % pairs
+	for i := uint32(0); i < pairs; i++ {
+		id := p.first + 2*((start+i)%pairs)
 		if _, busy := p.held[id]; !busy {
 			p.held[id] = grantUID
 			p.byGrant[grantUID] = idHold{id: id, holds: 1}
 			return id, nil
 		}
 	}
-	return 0, fmt.Errorf("grant %q: all %d ids from %d are held: %w", grantUID, p.count, p.first, ErrNoIDs)
+	return 0, fmt.Errorf("grant %q: all %d ids from %d are held (two per grant): %w", grantUID, p.count, p.first, ErrNoIDs)
 }
+
+// rootID is the id root of the user namespace of the grant running as id
+// maps to: the second of the grant's pair.
+func rootID(id uint32) uint32 { return id + 1 }
 
 // release drops one hold of the grant's id; the last frees it.
 func (p *IDPool) release(grantUID string) {

@@ -44,7 +44,8 @@ func TestNewIDPool(t *testing.T) {
 		ok           bool
 	}{
 		{DefaultIDFirst, DefaultIDCount, true},
-		{1000, 1, true},
+		{1000, 2, true},
+		{1000, 1, false},
 		{0, 10, false},
 		{10, 0, false},
 		{1<<32 - 10, 10, false},
@@ -57,30 +58,32 @@ func TestNewIDPool(t *testing.T) {
 }
 
 // TestIDPool: a grant keeps its id while held (and gets the same again
-// later), two grants never share one, the last release frees it, and a
-// full pool says so.
+// later), two grants never share one (nor one's id the other's root id),
+// the last release frees it, and a full pool says so.
 func TestIDPool(t *testing.T) {
-	p, err := NewIDPool(5000, 3)
+	p, err := NewIDPool(5000, 7) // three pairs; the seventh id is never used
 	if err != nil {
 		t.Fatal(err)
 	}
 	a, err := p.acquire("a")
-	if err != nil || a < 5000 || a >= 5003 {
+	if err != nil || a < 5000 || rootID(a) >= 5006 {
 		t.Fatalf("acquire a = %d, %v", a, err)
 	}
 	if again, _ := p.acquire("a"); again != a {
 		t.Fatalf("a second hold of a got %d, want %d", again, a)
 	}
-	seen := map[uint32]string{a: "a"}
+	seen := map[uint32]string{a: "a", rootID(a): "a"}
 	for _, g := range []string{"b", "c"} {
 		id, err := p.acquire(g)
 		if err != nil {
 			t.Fatalf("acquire %s: %v", g, err)
 		}
-		if o, dup := seen[id]; dup {
-			t.Fatalf("%s and %s share id %d", g, o, id)
+		for _, u := range []uint32{id, rootID(id)} {
+			if o, dup := seen[u]; dup {
+				t.Fatalf("%s and %s share id %d", g, o, u)
+			}
+			seen[u] = g
 		}
-		seen[id] = g
 	}
 	if _, err := p.acquire("d"); !errors.Is(err, ErrNoIDs) {
 		t.Fatalf("acquire from a full pool: %v, want ErrNoIDs", err)
@@ -109,9 +112,9 @@ func TestIDPoolSpreads(t *testing.T) {
 	ids := map[uint32]bool{}
 	for i := 0; i < 1000; i++ {
 		id, err := p.acquire(fmt.Sprintf("grant-%d", i))
-		if err != nil || ids[id] {
-			t.Fatalf("grant %d: id %d, %v (taken before: %v)", i, id, err, ids[id])
+		if err != nil || ids[id] || ids[rootID(id)] {
+			t.Fatalf("grant %d: id %d, %v (taken before: %v)", i, id, err, ids[id] || ids[rootID(id)])
 		}
-		ids[id] = true
+		ids[id], ids[rootID(id)] = true, true
 	}
 }

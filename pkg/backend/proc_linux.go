@@ -52,6 +52,14 @@ func NewProc(cfg Config) (*Proc, error) {
 	if err := p.init(cfg, "proc", false); err != nil {
 		return nil, err
 	}
+	p.ck.shelfSpawn.setup = func() error {
+		sh, err := buildShelf()
+		if err != nil {
+			return fmt.Errorf("the shelf criu restores isolated fibers from: %w", err)
+		}
+		p.ck.shelf = sh
+		return nil
+	}
 	return p, nil
 }
 
@@ -73,6 +81,9 @@ type zygote struct {
 	// (held in the pool from start until wait has torn down).
 	level Isolation
 	id    uint32
+	// ext are the files criu takes as external when it parks a fiber of
+	// an isolated zygote: its home, its command (externalOf).
+	ext []externalFile
 
 	// complaints counts what complain was asked to log since its last
 	// line; complaintsLog limits its lines.
@@ -525,6 +536,16 @@ func (z *zygote) awaitReady(ctx context.Context, setup <-chan string) error {
 	}
 }
 
+// noteExternal adds f, opened at path, to z.ext; a file criu cannot name
+// is left out (a park of a fiber that has it then fails in criu).
+func (z *zygote) noteExternal(f *os.File, path string) {
+	if ext, err := externalOf(f, path); err == nil {
+		z.ext = append(z.ext, ext)
+	} else {
+		z.p.log.V(1).Info("A file of the zygote's is not named for CRIU: its fibers may not park", "grant", z.uid, "path", path, "err", err.Error())
+	}
+}
+
 // isolated builds the command that starts the zygote through nsinit: its
 // home directory, its command opened here, its namespaces. Descriptors the
 // child gets are appended to afterStart.
@@ -534,12 +555,14 @@ func (z *zygote) isolated(req WarmRequest, path string, argv, env []string, cont
 		return nil, err
 	}
 	*afterStart = append(*afterStart, command.Close)
+	z.noteExternal(command, path)
 	var home *os.File
 	if req.Spec.Workdir == "" {
 		if home, err = homeDir(req.RunDir, z.id); err != nil {
 			return nil, err
 		}
 		*afterStart = append(*afterStart, home.Close)
+		z.noteExternal(home, home.Name())
 	}
 	network := req.Spec.Network == template.NetworkNone
 	return z.p.iso.prepare(isoStart{

@@ -412,7 +412,8 @@ func (p *Proc) closeCheckpoint(ctx context.Context) error {
 	started := c.started
 	c.wakeLocked()
 	c.mu.Unlock()
-	defer c.spawn.close() // after every resumed fiber: its thread is their parent
+	defer c.spawn.close()      // after every resumed fiber: its thread is their parent
+	defer c.shelfSpawn.close() // the same, for the isolated ones
 	if !started {
 		return nil
 	}

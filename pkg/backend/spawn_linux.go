@@ -23,32 +23,32 @@ import (
 // never ended, and by then every fiber it started has been ended anyway.
 //
 // The goroutine starts on the first call and ends at close.
+//
+// A spawner with a setup function runs it on its thread before anything
+// else, for a thread that must differ from the others (the shelf's mount
+// namespace, shelf_linux.go); that thread is never handed back to the
+// runtime, which ends it with the goroutine at close.
 type threadSpawner struct {
-	mu      sync.Mutex
-	started bool
-	closed  bool
-	reqs    chan func()
-	quit    chan struct{} // closed by close
-	done    chan struct{} // closed when the goroutine has returned
+	// setup, if set, prepares the thread; its error fails every start.
+	setup func() error
+
+	mu       sync.Mutex
+	started  bool
+	closed   bool
+	reqs     chan func()
+	quit     chan struct{} // closed by close
+	done     chan struct{} // closed when the goroutine has returned
+	ready    chan struct{} // closed once setup has run
+	setupErr error         // setup's error; read after ready is closed
 }
 
 // start runs cmd.Start on the spawner's thread. It fails with errClosed
-// once close has run.
+// once close has run, and with setup's error when that failed.
 func (s *threadSpawner) start(cmd *exec.Cmd) error {
-	s.mu.Lock()
-	if s.closed {
-		s.mu.Unlock()
-		return errClosed
+	reqs, done, err := s.serving()
+	if err != nil {
+		return err
 	}
-	if !s.started {
-		s.started = true
-		s.reqs = make(chan func())
-		s.quit = make(chan struct{})
-		s.done = make(chan struct{})
-		go s.serve()
-	}
-	reqs, done := s.reqs, s.done
-	s.mu.Unlock()
 	errc := make(chan error, 1)
 	select {
 	case reqs <- func() { errc <- cmd.Start() }:
@@ -58,11 +58,47 @@ func (s *threadSpawner) start(cmd *exec.Cmd) error {
 	return <-errc
 }
 
+// serving starts the goroutine when it has not started yet and waits for
+// its setup; it fails with errClosed once close has run, and with setup's
+// error.
+func (s *threadSpawner) serving() (chan func(), chan struct{}, error) {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil, nil, errClosed
+	}
+	if !s.started {
+		s.started = true
+		s.reqs = make(chan func())
+		s.quit = make(chan struct{})
+		s.done = make(chan struct{})
+		s.ready = make(chan struct{})
+		go s.serve()
+	}
+	reqs, done, ready := s.reqs, s.done, s.ready
+	s.mu.Unlock()
+	<-ready
+	if s.setupErr != nil {
+		return nil, nil, s.setupErr
+	}
+	return reqs, done, nil
+}
+
 func (s *threadSpawner) serve() {
 	runtime.LockOSThread()
-	// Unlocked rather than ended with the goroutine: see the type's doc.
-	defer runtime.UnlockOSThread()
 	defer close(s.done)
+	if s.setup != nil {
+		// The thread is set apart for good: it ends with the goroutine.
+		s.setupErr = s.setup()
+		close(s.ready)
+		if s.setupErr != nil {
+			return
+		}
+	} else {
+		// Unlocked rather than ended with the goroutine: see the type's doc.
+		defer runtime.UnlockOSThread()
+		close(s.ready)
+	}
 	for {
 		select {
 		case f := <-s.reqs:

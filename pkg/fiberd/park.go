@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"time"
 
 	"fiberd.io/fiberd/pkg/api"
@@ -173,7 +174,13 @@ func (a *Agent) Checkpoint() api.Checkpoint { return a.checkpointStatus() }
 // checkpointStatus is the CHECKPOINT tier's state for the status.
 func (a *Agent) checkpointStatus() api.Checkpoint {
 	if a.park.ck != nil {
-		return api.Checkpoint{Available: true}
+		c := api.Checkpoint{Available: true}
+		if a.cfg.Warm != nil && a.cfg.Warm.Isolation().Level == backend.IsolationFiber {
+			if err := a.errIsolatedPark(backend.IsolationFiber); err != nil {
+				c.Isolated = err.Error()
+			}
+		}
+		return c
 	}
 	c := api.Checkpoint{}
 	if a.park.why != nil {
@@ -183,30 +190,28 @@ func (a *Agent) checkpointStatus() api.Checkpoint {
 }
 
 // tierOf is the tier backend b serves grant uid's fibers at: CHECKPOINT
-// for the WARM backend when it can park them, else b's own. A grant
-// served isolated ("grant" or "fiber") runs in a user namespace of its
-// own, which the CRIU fiberd drives cannot dump (design decision 65), so
-// it is served at WARM.
+// for the WARM backend when it can park them, else b's own. Whether it can
+// depends on the grant's isolation (Checkpointer.CheckpointIsolated): a
+// grant at "grant" shares its zygote's PID namespace, and one at "fiber"
+// needs a CRIU with fiberd's patches; such a grant is served at WARM.
 func (a *Agent) tierOf(b backend.Backend, uid string) core.Tier {
 	if b == nil {
 		return ""
 	}
-	if a.park.ck != nil && b == a.cfg.Warm && parkable(b.GrantIsolation(uid)) {
+	if a.park.ck != nil && b == a.cfg.Warm && a.park.ck.CheckpointIsolated(b.GrantIsolation(uid)) == nil {
 		return core.TierCheckpoint
 	}
 	return b.Tier()
 }
 
-// parkable reports whether fibers isolated at level can be parked: those
-// without isolation, and those of a grant not warm yet ("").
-func parkable(level backend.Isolation) bool {
-	return level == "" || level == backend.IsolationNone
-}
-
 // errIsolatedPark says why an isolated grant's fibers cannot be parked,
 // and the way out.
-func errIsolatedPark(level backend.Isolation) error {
-	return fmt.Errorf("its grant runs at isolation %q, in a user namespace of its own, which CRIU cannot dump here; run fiberd with -isolation none to park this grant's fibers", level)
+func (a *Agent) errIsolatedPark(level backend.Isolation) error {
+	err := a.park.ck.CheckpointIsolated(level)
+	if err == nil {
+		return nil
+	}
+	return fmt.Errorf("%v; fiberd -isolation none parks every grant's fibers", strings.TrimSuffix(err.Error(), ": "+core.ErrTierGap.Error()))
 }
 
 // parkFloor refuses, once warm, a grant needing CHECKPOINT whose fibers
@@ -217,7 +222,7 @@ func (a *Agent) parkFloor(s *slot) error {
 		return nil
 	}
 	if t := a.tierOf(v.backend, s.uid); t != core.TierCheckpoint {
-		return fmt.Errorf("grant %q: needs tier CHECKPOINT: %v: %w", s.uid, errIsolatedPark(v.backend.GrantIsolation(s.uid)), core.ErrTierGap)
+		return fmt.Errorf("grant %q: needs tier CHECKPOINT: %v: %w", s.uid, a.errIsolatedPark(v.backend.GrantIsolation(s.uid)), core.ErrTierGap)
 	}
 	return nil
 }
@@ -261,7 +266,7 @@ func (a *Agent) parkFiber(ctx context.Context, f core.Fiber, by string, try bool
 		case h.backend != a.cfg.Warm:
 			why = errors.New("only fibers forked from a zygote (a template with \"zygote\": true) can be parked; this one was started by fork+exec")
 		case a.park.ck != nil:
-			why = errIsolatedPark(h.backend.GrantIsolation(uid))
+			why = a.errIsolatedPark(h.backend.GrantIsolation(uid))
 		}
 		return resp, &tierGap{fence: fence, tier: t, why: why}
 	}

@@ -112,34 +112,62 @@ func TestParkWithoutCheckpointTier(t *testing.T) {
 	}
 }
 
-// TestParkIsolatedGrant: a grant served isolated runs in a user namespace
-// CRIU cannot dump, so it is served at WARM even where parking works: a
-// park of its fiber is 412 naming the isolation and the way out, and runs
-// nothing (the fiber runs on, no image); a grant that needs CHECKPOINT is a
-// tier gap. A grant without isolation beside it parks.
+// TestParkIsolatedGrant: a grant isolated at "grant" shares its zygote's
+// PID namespace, so it is served at WARM even where parking works: a park
+// of its fiber is 412 naming why and the way out, and runs nothing (the
+// fiber runs on, no image); a grant that needs CHECKPOINT is a tier gap.
+// At "fiber" the same holds where the backend cannot park isolated fibers
+// (a CRIU without fiberd's patches), and the status says why; where it
+// can, the grant is served at CHECKPOINT, and its fiber parks and resumes.
 func TestParkIsolatedGrant(t *testing.T) {
-	parks := 0
-	hooks := fake.Hooks{Park: func(context.Context, backend.ParkRequest) error { parks++; return nil }}
-	for _, level := range []backend.Isolation{backend.IsolationGrant, backend.IsolationFiber} {
-		t.Run(string(level), func(t *testing.T) {
-			e := newEnv(t, withCheckpoint(hooks), withIsolation(backend.IsolationSupport{Level: level}, backend.IsolationSupport{Level: backend.IsolationNone}))
+	refuse := func(backend.Isolation) error { return fmt.Errorf("the CRIU lacks fiberd's patches: %w", core.ErrTierGap) }
+	for _, tt := range []struct {
+		name  string
+		level backend.Isolation
+		hook  func(backend.Isolation) error
+		why   string // in the 412's message; "" when the fiber parks
+	}{
+		{"grant", backend.IsolationGrant, nil, "PID namespace"},
+		{"fiber unpatched", backend.IsolationFiber, refuse, "lacks fiberd's patches"},
+		{"fiber", backend.IsolationFiber, nil, ""},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			parks := 0
+			hooks := fake.Hooks{Park: func(context.Context, backend.ParkRequest) error { parks++; return nil }, CheckpointIsolated: tt.hook}
+			e := newEnv(t, withCheckpoint(hooks), withIsolation(backend.IsolationSupport{Level: tt.level}, backend.IsolationSupport{Level: backend.IsolationNone}))
 			uid := e.deliver(e.mint("g1"))
 			c := e.cloneReq(e.unix, api.CloneRequest{GrantUID: uid, Session: "s"}).clone(t)
-			if g := e.grantStatus(uid); g.Tier != core.TierWarm || g.Isolation != string(level) {
-				t.Errorf("isolated grant: tier %s, isolation %q; want WARM, %s", g.Tier, g.Isolation, level)
+			st := e.status()
+			if !st.Checkpoint.Available {
+				t.Fatalf("parking is off: %+v", st.Checkpoint)
 			}
-			if !e.status().Checkpoint.Available {
-				t.Fatalf("parking is off: %+v", e.status().Checkpoint)
+			if tt.why == "" {
+				if g := e.grantStatus(uid); g.Tier != core.TierCheckpoint || st.Checkpoint.Isolated != "" {
+					t.Fatalf("isolated grant: tier %s, status %+v; want CHECKPOINT, nothing missing", g.Tier, st.Checkpoint)
+				}
+				if p := e.parked(c.FiberID); p.FiberID != c.FiberID || parks != 1 {
+					t.Fatalf("park answered %+v after %d parks", p, parks)
+				}
+				if r := e.cloneReq(e.unix, api.CloneRequest{GrantUID: uid, Session: "s"}).clone(t); r.Kind != api.KindResume {
+					t.Fatalf("a clone of the parked session: kind %s, want resume", r.Kind)
+				}
+				return
+			}
+			if g := e.grantStatus(uid); g.Tier != core.TierWarm || g.Isolation != string(tt.level) {
+				t.Errorf("isolated grant: tier %s, isolation %q; want WARM, %s", g.Tier, g.Isolation, tt.level)
+			}
+			if tt.level == backend.IsolationFiber && !strings.Contains(st.Checkpoint.Isolated, tt.why) {
+				t.Errorf("status checkpoint %+v: Isolated does not say %q", st.Checkpoint, tt.why)
 			}
 			r := e.parkReq(c.FiberID)
-			if r.status != http.StatusPreconditionFailed || r.apiError(t).Code != api.CodeTierGap || !strings.Contains(r.apiError(t).Message, "user namespace") || !strings.Contains(r.apiError(t).Message, "-isolation none") {
-				t.Fatalf("park of an isolated fiber: %d %s, want 412 TIER_GAP naming the user namespace and -isolation none", r.status, r.body)
+			if r.status != http.StatusPreconditionFailed || r.apiError(t).Code != api.CodeTierGap || !strings.Contains(r.apiError(t).Message, tt.why) || !strings.Contains(r.apiError(t).Message, "-isolation none") {
+				t.Fatalf("park of an isolated fiber: %d %s, want 412 TIER_GAP saying %q and -isolation none", r.status, r.body, tt.why)
 			}
 			if got := e.warm.Running(uid); len(got) != 1 || parks != 0 || len(e.images()) != 0 {
 				t.Fatalf("a refused park left running %v, %d parks, images %v", got, parks, e.images())
 			}
 			r = e.cloneReq(e.tcp, api.CloneRequest{Grant: e.mint("g2", tier(core.TierCheckpoint))})
-			if r.status != http.StatusPreconditionFailed || !strings.Contains(r.apiError(t).Message, "CHECKPOINT") || !strings.Contains(r.apiError(t).Message, "user namespace") {
+			if r.status != http.StatusPreconditionFailed || !strings.Contains(r.apiError(t).Message, "CHECKPOINT") || !strings.Contains(r.apiError(t).Message, tt.why) {
 				t.Fatalf("clone of an isolated grant needing CHECKPOINT: %d %s, want 412", r.status, r.body)
 			}
 		})

@@ -174,6 +174,13 @@ var procIsolated = Backend{
 	OverBudget: dirty24,
 	Devices:    grantDevices,
 	KillZygote: killZygote,
+	Parking: func(t *testing.T) backend.Backend {
+		b, err := backend.NewProc(backend.Config{Logger: quiet, Isolation: backend.IsolationFiber, CRIU: backendtest.CRIU(t)})
+		must(t, err)
+		requireIsolation(t, b)
+		return b
+	},
+	Remembers: counterRemembers,
 }
 
 var execIsolated = Backend{

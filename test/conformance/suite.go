@@ -83,8 +83,7 @@ type Backend struct {
 	// proc backend with CRIU, the fake with EnableCheckpoint), which the
 	// park promises run on; it skips the test, saying what is missing,
 	// where the tier cannot work here. Nil for a backend that cannot park
-	// (exec; isolated grants, whose user namespace CRIU cannot dump): the
-	// park promises skip, saying so.
+	// (exec): the park promises skip, saying so.
 	Parking func(t *testing.T) backend.Backend
 	// Remembers is what running fiber f holds in its memory from its
 	// start, compared across a park and a resume: a real fiber's
@@ -143,7 +142,7 @@ func Run(t *testing.T, h Home, b Backend) {
 			b := b
 			if parking[name] {
 				if b.Parking == nil {
-					t.Skipf("backend %s cannot park (no Backend.Parking: exec has no checkpoints, and CRIU cannot dump an isolated grant's user namespace)", b.Name)
+					t.Skipf("backend %s cannot park (no Backend.Parking: exec has no checkpoints)", b.Name)
 				}
 				b.New = b.Parking
 			}

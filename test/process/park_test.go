@@ -251,3 +251,74 @@ func pidIn(t *testing.T, body string) int {
 	t.Fatalf("no pid in %q", body)
 	return 0
 }
+
+// TestDevParksIsolated runs fiberd -dev as root at its default isolation
+// (each fiber in namespaces of its own) with CRIU, and parks and resumes a
+// fiber of each example zygote: the grants are served at CHECKPOINT, a
+// Clone of the parked session resumes it (kind resume), and the fiber
+// counts on from where it was, still PID 1 of a PID namespace of its own.
+func TestDevParksIsolated(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("fiberd runs fibers on Linux only")
+	}
+	for _, tool := range []string{"go", "cc", "python3"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Skipf("%s is not on PATH: the test builds fiberd and the example templates with it", tool)
+		}
+	}
+	criu := criuFor(t)
+	root := repotest.Root(t)
+	bin := t.TempDir()
+	build(t, root, bin)
+	cgroupRoot := "none"
+	if cgroupWritable() {
+		cgroupRoot = testCgroup(t)
+	}
+	d := startFiberd(t, root, bin, t.TempDir(), cgroupRoot, "-criu", criu)
+	st := d.waitWarm(t, "counter-c", "counter-py")
+	if !isolatedFibers(t, st) {
+		t.Skip("fiberd -dev does not isolate here (not root): nothing isolated to park")
+	}
+	if !st.Checkpoint.Available || st.Checkpoint.Isolated != "" {
+		t.Fatalf("fiberd -dev isolated cannot park its fibers: %+v", st.Checkpoint)
+	}
+	uids := grantUIDs(st)
+	c := d.client(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	for _, tmpl := range []string{"counter-c", "counter-py"} {
+		for _, g := range st.Grants {
+			if g.UID == uids[tmpl] && g.Tier != "CHECKPOINT" {
+				t.Errorf("grant %s (%s) served at %s, want CHECKPOINT", g.UID, tmpl, g.Tier)
+			}
+		}
+		f, err := c.Clone(ctx, api.CloneRequest{GrantUID: uids[tmpl], Session: "s"})
+		if err != nil {
+			t.Fatalf("clone of %s: %v", tmpl, err)
+		}
+		get(t, f.Endpoint)
+		if body := get(t, f.Endpoint); !strings.Contains(body, "count=2 ") || !strings.Contains(body, "pid=1 ") {
+			t.Fatalf("%s answered %q before the park, want count=2 from pid 1", tmpl, body)
+		}
+		p, err := c.Park(ctx, f.FiberID)
+		if err != nil {
+			t.Fatalf("park of the isolated %s fiber: %v", tmpl, err)
+		}
+		if p.ImageBytes <= 0 {
+			t.Errorf("park of %s answered %+v", tmpl, p)
+		}
+		r, err := c.Clone(ctx, api.CloneRequest{GrantUID: uids[tmpl], Session: "s"})
+		if err != nil {
+			t.Fatalf("clone of the parked %s session: %v", tmpl, err)
+		}
+		if r.Kind != api.KindResume {
+			t.Fatalf("clone of the parked %s session: kind %s, want resume", tmpl, r.Kind)
+		}
+		if body := get(t, r.Endpoint); !strings.Contains(body, "count=3 ") || !strings.Contains(body, "pid=1 ") {
+			t.Errorf("the resumed %s fiber answered %q, want count=3 (counting on) from pid 1", tmpl, body)
+		}
+		if err := c.Release(ctx, r.FiberID); err != nil {
+			t.Errorf("release of the resumed %s fiber: %v", tmpl, err)
+		}
+	}
+}

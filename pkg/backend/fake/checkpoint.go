@@ -95,6 +95,24 @@ func (b *Backend) CheckpointSupport(ctx context.Context) error {
 	return nil
 }
 
+// CheckpointIsolated is CheckpointSupport's answer for IsolationNone and
+// IsolationFiber, as for the proc backend with a patched CRIU (or the
+// CheckpointIsolated hook's for IsolationFiber), and a tier gap at
+// IsolationGrant, where CRIU would have to dump the zygote's PID namespace
+// whole.
+func (b *Backend) CheckpointIsolated(level backend.Isolation) error {
+	if err := b.CheckpointSupport(context.Background()); err != nil {
+		return err
+	}
+	switch {
+	case level == backend.IsolationGrant:
+		return fmt.Errorf("fake: isolation %q shares the PID namespace its zygote leads: %w", level, core.ErrTierGap)
+	case level == backend.IsolationFiber && b.hooks.CheckpointIsolated != nil:
+		return b.hooks.CheckpointIsolated(level)
+	}
+	return nil
+}
+
 // Park ends running fiber req.Fence with an Exit saying Parked and writes
 // its image into req.Dir: one file of the EnableCheckpoint size. It fails
 // as the Park hook says (the fiber keeps running), with core.ErrTierGap

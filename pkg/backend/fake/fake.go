@@ -29,6 +29,10 @@ type Hooks struct {
 	// once EnableCheckpoint has made them available.
 	Park   func(ctx context.Context, req backend.ParkRequest) error
 	Resume func(ctx context.Context, req backend.ResumeRequest) error
+	// CheckpointIsolated, when set, answers CheckpointIsolated for
+	// IsolationFiber once EnableCheckpoint ran (a CRIU without fiberd's
+	// patches, say).
+	CheckpointIsolated func(level backend.Isolation) error
 }
 
 // Backend is the fake. New returns one; it is safe for concurrent use.
