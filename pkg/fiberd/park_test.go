@@ -120,7 +120,9 @@ func TestParkWithoutCheckpointTier(t *testing.T) {
 // (a CRIU without fiberd's patches), and the status says why; where it
 // can, the grant is served at CHECKPOINT, and its fiber parks and resumes.
 func TestParkIsolatedGrant(t *testing.T) {
-	refuse := func(backend.Isolation) error { return fmt.Errorf("the CRIU lacks fiberd's patches: %w", core.ErrTierGap) }
+	refuse := func(backend.Isolation) error {
+		return fmt.Errorf("the CRIU lacks fiberd's patches: %w", core.ErrTierGap)
+	}
 	for _, tt := range []struct {
 		name  string
 		level backend.Isolation
