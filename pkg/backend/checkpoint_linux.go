@@ -721,7 +721,7 @@ func prepareRestore(cr *criu, z *zygote, req ResumeRequest, m manifest) (*restor
 		return nil, err
 	}
 	if m.UserNS {
-		if err := rs.restoreIsolated(z.p, m); err != nil {
+		if err := rs.restoreIsolated(z.p, req.Image, m); err != nil {
 			rs.release(z.p)
 			return nil, err
 		}
@@ -730,14 +730,19 @@ func prepareRestore(cr *criu, z *zygote, req ResumeRequest, m manifest) (*restor
 }
 
 // restoreIsolated adds what criu restore of a fiber with a user namespace
-// of its own needs (see shelf_linux.go): the shelf, and the external files
-// opened again.
-func (rs *restoreSetup) restoreIsolated(p *Proc, m manifest) error {
+// of its own needs (see shelf_linux.go): the shelf, the external files
+// opened again, and the action script that makes its mounts read-only
+// again (criuhook_linux.go), written into image.
+func (rs *restoreSetup) restoreIsolated(p *Proc, image string, m manifest) error {
 	if _, _, err := p.ck.shelfSpawn.serving(); err != nil {
 		return err
 	}
 	rs.args = append(rs.args, p.ck.shelf.args()...)
-	rs.args = append(rs.args, "--action-script", fmt.Sprintf("/proc/%d/exe", os.Getpid()))
+	hook, err := writeCRIUHook(p.cfg.Shell, image)
+	if err != nil {
+		return err
+	}
+	rs.args = append(rs.args, "--action-script", hook)
 	rs.env = append(rs.env, criuHookEnv+"=1")
 	for _, ext := range m.Externals {
 		f, err := openExternal(ext)

@@ -3,15 +3,18 @@ package backend
 import (
 	"fmt"
 	"os"
+	"path/filepath"
 	"runtime"
 	"strconv"
 
 	"golang.org/x/sys/unix"
+
+	"fiberd.io/fiberd/pkg/core"
 )
 
-// criu restore of an isolated fiber calls fiberd's binary again as its
-// action script (--action-script /proc/<fiberd>/exe, with criuHookEnv set),
-// and the "pre-resume" call makes the restored mounts read-only again
+// criu restore of an isolated fiber calls fiberd's binary again from its
+// action script (writeCRIUHook, with criuHookEnv set), and the
+// "pre-resume" call makes the restored mounts read-only again
 // before the fiber runs: criu binds the host's mounts back from the shelf,
 // which are writable, and does not give every one its flags again (a host
 // mount stacked on another, a cover). What the fiber had read-only (the
@@ -22,6 +25,22 @@ import (
 
 // criuHookEnv marks criu's action script calls of fiberd's binary.
 const criuHookEnv = "FIBERD_CRIU_HOOK"
+
+// criuHookName is the action script writeCRIUHook puts in an image.
+const criuHookName = "fiberd-criu-hook"
+
+// writeCRIUHook writes into the image directory dir the action script criu
+// restore runs at each of its steps: a shell line that starts fiberd's
+// binary (about 30 ms) only for "pre-resume", the one step it acts on, and
+// returns its path.
+func writeCRIUHook(shell, dir string) (string, error) {
+	path := filepath.Join(dir, criuHookName)
+	script := fmt.Sprintf("#!%s\n# fiberd: criu's action script for the restore of an isolated fiber\n[ \"$CRTOOLS_SCRIPT_ACTION\" = pre-resume ] || exit 0\nexec /proc/%d/exe\n", shell, os.Getpid())
+	if err := core.WriteFileAtomic(path, []byte(script), 0o700); err != nil {
+		return "", fmt.Errorf("criu's action script: %w", err)
+	}
+	return path, nil
+}
 
 func init() {
 	action := os.Getenv("CRTOOLS_SCRIPT_ACTION")

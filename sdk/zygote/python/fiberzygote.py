@@ -87,6 +87,7 @@ _PR_SET_CHILD_SUBREAPER = 36
 _PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL = 47, 4
 _CLONE_NEWNS, _CLONE_NEWIPC, _CLONE_NEWPID = 0x00020000, 0x08000000, 0x20000000
 _MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_REC, _MS_PRIVATE = 2, 4, 8, 1 << 14, 1 << 18
+_MNT_DETACH = 2  # umount2
 _LINUX_CAPABILITY_VERSION_3 = 0x20080522
 _SCRATCH = ("/tmp", "/var/tmp", "/dev/shm")  # a fiber's own tmpfs each
 
@@ -193,6 +194,7 @@ class _Isolation:
         self._unshare = fn("unshare", ct.c_int)
         self._setns = fn("setns", ct.c_int, ct.c_int)
         mount = fn("mount", cp, cp, cp, ulong, vp)
+        umount2 = fn("umount2", cp, ct.c_int)
         prctl = fn("prctl", ct.c_int, ulong, ulong, ulong, ulong)
         capset = fn("capset", vp, vp)
         hdr = (ct.c_uint32 * 2)(_LINUX_CAPABILITY_VERSION_3, 0)
@@ -208,8 +210,16 @@ class _Isolation:
             ("private mounts", mount, (None, b"/", None, _MS_REC | _MS_PRIVATE, None)),
             ("mount /proc", mount, (b"proc", b"/proc", b"proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC, None)),
         ) + tuple(
-            ("mount tmpfs on " + d.decode(), mount, (b"tmpfs", d, b"tmpfs", _MS_NOSUID | _MS_NODEV, tmpfs))
+            step
             for d in scratch
+            for step in (
+                # The grant's scratch goes first, so that a parked fiber's
+                # image holds one tmpfs per directory, not two (each costs
+                # criu a tar run); a failure (nothing mounted there) is no
+                # matter: the fiber's own goes on top either way.
+                (None, umount2, (d, _MNT_DETACH)),
+                ("mount tmpfs on " + d.decode(), mount, (b"tmpfs", d, b"tmpfs", _MS_NOSUID | _MS_NODEV, tmpfs)),
+            )
         ) + (
             ("clear ambient capabilities", prctl, (_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)),
             ("capset", capset, (hdr, data)),
@@ -230,7 +240,7 @@ class _Isolation:
     def in_fiber(self):
         os.close(self.pidns)
         for what, f, args in self._steps:
-            if f(*args) != 0:
+            if f(*args) != 0 and what is not None:
                 self._check(what, -1)
 
 
