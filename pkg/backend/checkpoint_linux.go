@@ -317,8 +317,9 @@ func (p *Proc) dump(ctx context.Context, cr *criu, z *zygote, f *fiber, m fiberF
 	if m.UserNS {
 		// criu restore looks for optional image files from inside the
 		// fiber's user namespace, as a stranger to the host: it must be
-		// told "no such file", not "permission denied". The files stay
-		// criu's own (0600), and the directories above fiberd's.
+		// told "no such file", not "permission denied". The files are
+		// as criu writes them (0644), reached only through the
+		// directories above, fiberd's (0700).
 		if err := os.Chmod(tmp, 0o711); err != nil {
 			return 0, err
 		}
