@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -175,5 +176,98 @@ func writeAs(t *testing.T, uid int, path, data string) {
 	}()
 	if err := <-errc; err != nil {
 		t.Fatalf("write %s as %d: %v", path, uid, err)
+	}
+}
+
+// parkAndResume parks victim v of p (into a directory under dir) and
+// resumes it under the next fence, with a new listener when it served on a
+// unix socket; the victim it returns is the resumed fiber, its secret kept.
+func parkAndResume(t *testing.T, p *Proc, v victim, dir string) victim {
+	t.Helper()
+	img := filepath.Join(dir, fmt.Sprintf("%s-%d", v.f.Fence.GrantUID, v.f.Fence.Seq))
+	park(t, p, v.f.Fence, img)
+	req := ResumeRequest{Fence: v.f.Fence, Image: img, Listener: v.ep.file}
+	req.Fence.Seq += 100
+	if v.ep.network == "unix" {
+		v.ep = listen(t, true)
+		req.Listener = v.ep.file
+	}
+	r := resume(t, p, req)
+	if v.ep.network != "unix" {
+		v.ep.file = r.Listener
+	}
+	v.f = r.Fiber
+	body, err := get(v.ep, "/whoami")
+	if err != nil || fields(body)["secret"] != v.secret {
+		t.Fatalf("resumed fiber %s: /whoami = %q, %v; want its secret", v.f.Fence, body, err)
+	}
+	return v
+}
+
+// TestIsolationAttackResumed is TestIsolationAttack with fibers that were
+// parked and resumed: a resumed attacker against a resumed session of its
+// own grant, another grant's fiber, both zygotes, fiberd and the host's
+// world-writable places, then a fresh attacker against a resumed fiber.
+// Every attempt must fail, and the victims serve on, unplanted.
+func TestIsolationAttackResumed(t *testing.T) {
+	state, socks := fiberdState(t)
+	shared := sharedDirs(t)
+	p := isoCkpt(t)
+	tag := strconv.Itoa(os.Getpid())
+	tree, _ := cgroupRoot(t)
+	uidA, uidB := uidFor(t)+"a", uidFor(t)+"b"
+	runA, runB := filepath.Join(state, "grants", uidA), filepath.Join(state, "grants", uidB)
+	var cgB string
+	for _, g := range []struct{ uid, run string }{{uidA, runA}, {uidB, runB}} {
+		cg, err := tree.Grant(g.uid)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cgB = cg.Dir.Path()
+		warmIn(t, p, g.uid, attackerCSpec(t, tag), cgB, g.run)
+	}
+	images := t.TempDir()
+	a1 := cloneVictim(t, p, uidA, 1)
+	b1 := cloneVictim(t, p, uidB, 1)
+	att := cloneVictim(t, p, uidA, 2)
+	a1 = parkAndResume(t, p, a1, images)
+	att = parkAndResume(t, p, att, images)
+	fresh := cloneVictim(t, p, uidA, 3)
+	dirs := []string{state, filepath.Join(state, "private"), runA, runB, cgB, tree.Root()}
+	for _, round := range []struct {
+		name     string
+		attacker victim
+		victims  []victim
+	}{
+		{"resumed attacker", att, []victim{a1, b1}},
+		{"fresh attacker against a resumed fiber", fresh, []victim{a1, b1}},
+	} {
+		pids := []int{os.Getpid(), zygotePID(t, uidA), zygotePID(t, uidB)}
+		var secrets []string
+		for _, v := range round.victims {
+			pids = append(pids, v.f.PID)
+			secrets = append(secrets, v.secret)
+		}
+		var ps []string
+		for _, pid := range pids {
+			ps = append(ps, strconv.Itoa(pid))
+		}
+		lines := attackWith(t, round.attacker, [][2]any{{"pids", ps}, {"secrets", secrets}, {"socks", socks}, {"dirs", dirs}, {"shared", shared}})
+		for _, d := range shared {
+			if p := filepath.Join(d, "fiberd-attack-"+tag+"-shared"); exists(p) {
+				t.Errorf("%s: an isolated fiber wrote %s on the host", round.name, p)
+			}
+		}
+		if len(lines) < 6*len(pids) {
+			t.Fatalf("%s: the attacker tried too little (%d lines):\n%s", round.name, len(lines), strings.Join(lines, "\n"))
+		}
+		if o := open(lines); len(o) > 0 {
+			t.Errorf("%s: attacks that reached their target:\n%s\n(all attempts:\n%s)", round.name, strings.Join(o, "\n"), strings.Join(lines, "\n"))
+		}
+		for _, v := range round.victims {
+			if body, err := get(v.ep, "/planted"); err != nil || fields(body)["planted"] != "no" {
+				t.Errorf("%s: victim %s after the attack: %q, %v; want planted=no", round.name, v.f.Fence, body, err)
+			}
+		}
 	}
 }
