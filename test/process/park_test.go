@@ -76,10 +76,12 @@ func TestKill9MidParkLeavesNothing(t *testing.T) {
 				cgroupRoot = testCgroup(t)
 			}
 			state := t.TempDir()
-			for _, moment := range []string{"mid-park", "mid-resume"} {
-				t.Run(moment, func(t *testing.T) {
-					killMidCheckpoint(t, root, bin, state, cgroupRoot, criu, moment)
-				})
+			for _, iso := range []string{"none", "fiber"} {
+				for _, moment := range []string{"mid-park", "mid-resume"} {
+					t.Run(iso+"/"+moment, func(t *testing.T) {
+						killMidCheckpoint(t, root, bin, state, cgroupRoot, criu, iso, moment)
+					})
+				}
 			}
 		})
 	}
@@ -89,10 +91,10 @@ func TestKill9MidParkLeavesNothing(t *testing.T) {
 // dump and restore take long enough to be killed in the middle of.
 const parkDirtyMiB = 64
 
-// killMidCheckpoint runs fiberd with -isolation none: an isolated grant's
-// fibers run in a user namespace CRIU cannot dump (design decision 65).
-func killMidCheckpoint(t *testing.T, root, bin, state, cgroupRoot, criu, moment string) {
-	d := startFiberd(t, root, bin, state, cgroupRoot, "-criu", criu, "-isolation", "none")
+// killMidCheckpoint runs fiberd at -isolation iso ("none", or "fiber":
+// the fibers' namespaces are dumped and restored with them).
+func killMidCheckpoint(t *testing.T, root, bin, state, cgroupRoot, criu, iso, moment string) {
+	d := startFiberd(t, root, bin, state, cgroupRoot, "-criu", criu, "-isolation", iso)
 	st := d.waitWarm(t, "counter-c", "counter-py")
 	if !st.Checkpoint.Available {
 		t.Fatalf("fiberd cannot park: %s", st.Checkpoint.Reason)
@@ -151,7 +153,7 @@ func killMidCheckpoint(t *testing.T, root, bin, state, cgroupRoot, criu, moment 
 	images, _ := os.ReadDir(filepath.Join(state, "private", "parked"))
 	t.Logf("%s: %d processes of the run when fiberd was killed; parked images directory before the restart: %d grants", moment, len(before), len(images))
 
-	d = startFiberd(t, root, bin, state, cgroupRoot, "-criu", criu, "-isolation", "none")
+	d = startFiberd(t, root, bin, state, cgroupRoot, "-criu", criu, "-isolation", iso)
 	restarted, _ := startTime(d.cmd.Process.Pid)
 	st2 := d.waitServing(t)
 	if st2.Epoch <= epoch {
