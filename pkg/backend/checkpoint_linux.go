@@ -677,7 +677,9 @@ func (p *Proc) reserveResume(req ResumeRequest, m manifest) (*zygote, *pendingCl
 type restoreSetup struct {
 	args  []string
 	extra []*os.File // criu's descriptors 3 and up, named in args by --inherit-fd
-	env   []string   // added to criu's environment
+	// relock answers criu's action script of an isolated fiber's restore
+	// (criuhook_linux.go); nil for others.
+	relock *relockHook
 	// listener is what Resume returns as Resumed.Listener unless criu
 	// binds a new one: req.Listener for a unix image, else nil.
 	listener *os.File
@@ -739,12 +741,13 @@ func (rs *restoreSetup) restoreIsolated(p *Proc, image string, m manifest) error
 		return err
 	}
 	rs.args = append(rs.args, p.ck.shelf.args()...)
-	hook, err := writeCRIUHook(p.cfg.Shell, image)
+	hook, err := writeRelockHook(p.cfg.Shell, image)
 	if err != nil {
 		return err
 	}
-	rs.args = append(rs.args, "--action-script", hook)
-	rs.env = append(rs.env, criuHookEnv+"=1")
+	rs.relock = hook
+	rs.undo = append(rs.undo, func(*Proc) { _ = hook.close() })
+	rs.args = append(rs.args, "--action-script", hook.script)
 	for _, ext := range m.Externals {
 		f, err := openExternal(ext)
 		if err != nil {
@@ -809,7 +812,6 @@ func (p *Proc) restore(ctx context.Context, cr *criu, z *zygote, req ResumeReque
 	cmd := cr.command(ctx, rs.args...)
 	cmd.Dir = req.Image
 	cmd.ExtraFiles = rs.extra
-	cmd.Env = append(cmd.Env, rs.env...)
 	if req.Leaf != "" {
 		leafF, err := cgroup.At(req.Leaf).Open()
 		if err != nil {
@@ -833,9 +835,23 @@ func (p *Proc) restore(ctx context.Context, cr *criu, z *zygote, req ResumeReque
 	if m.UserNS {
 		spawner = &p.ck.shelfSpawn
 	}
+	if rs.relock != nil {
+		deadline, ok := ctx.Deadline()
+		if !ok {
+			deadline = time.Now().Add(relockWait)
+		}
+		rs.relock.served = true
+		go rs.relock.serve(deadline)
+	}
 	rerr := spawner.start(cmd)
 	if rerr == nil {
 		rerr = cmd.Wait()
+	}
+	if rs.relock != nil {
+		if err := rs.relock.close(); err != nil && rerr == nil {
+			rerr = err
+		}
+		rs.relock = nil
 	}
 	if rerr != nil {
 		p.cleanFailedRestore(req.Leaf, m, startTick)

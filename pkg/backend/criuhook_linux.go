@@ -1,76 +1,159 @@
 package backend
 
 import (
+	"bufio"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"runtime"
 	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 
 	"fiberd.io/fiberd/pkg/core"
 )
 
-// criu restore of an isolated fiber calls fiberd's binary again from its
-// action script (writeCRIUHook, with criuHookEnv set), and the
-// "pre-resume" call makes the restored mounts read-only again
-// before the fiber runs: criu binds the host's mounts back from the shelf,
-// which are writable, and does not give every one its flags again (a host
-// mount stacked on another, a cover). What the fiber had read-only (the
-// host's mounts, the covers) is read-only again; its own scratch and /proc
-// stay writable. The fiber has no capability, so it cannot make them
-// writable itself. When that fails the hook kills the restored fiber, so
-// the resume fails instead of running a fiber with the host writable.
+// Making a restored isolated fiber's mounts read-only again.
+//
+// criu restore binds the host's mounts back from the shelf, which are
+// writable, and does not give every one its flags again (a host mount
+// stacked on another, a cover). So before the fiber runs, fiberd makes
+// every mount of its namespace read-only but its own scratch and /proc:
+// criu runs an action script at each step of a restore, and the one
+// fiberd writes (writeRelockHook) asks fiberd, at "pre-resume", over a pair
+// of FIFOs in the image directory, and waits for the answer; the other
+// steps it lets pass at once. fiberd (relockHook.serve) enters the
+// fiber's mount namespace from a thread of its own and answers. When that
+// fails it kills the fiber and answers no, so the resume fails instead of
+// running a fiber with the host writable. The fiber holds no capability,
+// so it cannot make them writable itself.
 
-// criuHookEnv marks criu's action script calls of fiberd's binary.
-const criuHookEnv = "FIBERD_CRIU_HOOK"
+// Names in the image directory.
+const (
+	relockScript = "fiberd-relock"
+	relockAsk    = "fiberd-relock.ask"
+	relockAnswer = "fiberd-relock.answer"
+)
 
-// criuHookName is the action script writeCRIUHook puts in an image.
-const criuHookName = "fiberd-criu-hook"
+// relockWait bounds the wait for criu's question when the restore's ctx has
+// no deadline.
+const relockWait = 2 * time.Minute
 
-// writeCRIUHook writes into the image directory dir the action script criu
-// restore runs at each of its steps: a shell line that starts fiberd's
-// binary (about 30 ms) only for "pre-resume", the one step it acts on, and
-// returns its path.
-func writeCRIUHook(shell, dir string) (string, error) {
-	path := filepath.Join(dir, criuHookName)
-	script := fmt.Sprintf("#!%s\n# fiberd: criu's action script for the restore of an isolated fiber\n[ \"$CRTOOLS_SCRIPT_ACTION\" = pre-resume ] || exit 0\nexec /proc/%d/exe\n", shell, os.Getpid())
-	if err := core.WriteFileAtomic(path, []byte(script), 0o700); err != nil {
-		return "", fmt.Errorf("criu's action script: %w", err)
-	}
-	return path, nil
+// relockHook is fiberd's end of the hook of one restore.
+type relockHook struct {
+	script      string
+	ask, answer *os.File
+	done        chan error // the outcome, once serve has returned
+	served      bool       // serve was started; set before it is
+	once        sync.Once
+	err         error
 }
 
-func init() {
-	action := os.Getenv("CRTOOLS_SCRIPT_ACTION")
-	if os.Getenv(criuHookEnv) == "" || action == "" {
+// writeRelockHook writes the action script and makes the FIFOs in the
+// image directory dir, and opens fiberd's ends (read and write, so that
+// neither end's open blocks and a read waits for data, not for a writer).
+func writeRelockHook(shell, dir string) (*relockHook, error) {
+	h := &relockHook{script: filepath.Join(dir, relockScript), done: make(chan error, 1)}
+	askPath, answerPath := filepath.Join(dir, relockAsk), filepath.Join(dir, relockAnswer)
+	script := fmt.Sprintf("#!%s\n# fiberd: criu's action script for the restore of an isolated fiber\n"+
+		"[ \"$CRTOOLS_SCRIPT_ACTION\" = pre-resume ] || exit 0\n"+
+		"echo \"$CRTOOLS_INIT_PID\" > %s\nread a < %s\n[ \"$a\" = ok ]\n", shell, askPath, answerPath)
+	if err := core.WriteFileAtomic(h.script, []byte(script), 0o700); err != nil {
+		return nil, fmt.Errorf("criu's action script: %w", err)
+	}
+	var err error
+	if h.ask, err = openFIFO(askPath); err != nil {
+		return nil, err
+	}
+	if h.answer, err = openFIFO(answerPath); err != nil {
+		h.ask.Close()
+		return nil, err
+	}
+	return h, nil
+}
+
+// openFIFO makes a FIFO at path (anew) and opens it for reading and
+// writing, non-blocking, so reads wait in the runtime's poller and take a
+// deadline.
+func openFIFO(path string) (*os.File, error) {
+	_ = os.Remove(path)
+	if err := unix.Mkfifo(path, 0o600); err != nil {
+		return nil, fmt.Errorf("criu's action script: %w", err)
+	}
+	fd, err := unix.Open(path, unix.O_RDWR|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("criu's action script: %w", err)
+	}
+	return os.NewFile(uintptr(fd), path), nil
+}
+
+// serve waits until deadline for the script's question (the restored
+// fiber's pid), makes that fiber's mounts read-only again and answers.
+// When the relock fails it kills the fiber (signal 9 to pid, which is
+// criu's restored task: criu has not let it run yet). It returns when it
+// answered, when the FIFOs are closed (close) or at deadline; the outcome
+// is on h.done. Nothing is asked when criu fails before pre-resume. The
+// caller sets h.served before it starts serve.
+func (h *relockHook) serve(deadline time.Time) {
+	_ = h.ask.SetReadDeadline(deadline)
+	line, err := bufio.NewReader(h.ask).ReadString('\n')
+	if err != nil {
+		h.done <- nil // never asked: criu failed first, or the restore ended
 		return
 	}
-	runtime.LockOSThread()
-	if action != "pre-resume" {
-		unix.Exit(0)
-	}
-	pid, err := strconv.Atoi(os.Getenv("CRTOOLS_INIT_PID"))
+	pid, err := strconv.Atoi(strings.TrimSpace(line))
 	if err == nil && pid <= 0 {
-		err = fmt.Errorf("CRTOOLS_INIT_PID %d", pid)
+		err = fmt.Errorf("pid %d", pid)
 	}
 	if err == nil {
-		err = relockMounts(pid)
+		err = relockOnThread(pid)
 	}
+	answer := "ok\n"
 	if err != nil {
-		fmt.Fprintf(os.Stderr, "fiberd criu hook: making the restored fiber's mounts read-only again: %v\n", err)
+		err = fmt.Errorf("making the restored fiber's mounts read-only again: %w", err)
 		if pid > 0 {
 			_ = unix.Kill(pid, unix.SIGKILL)
 		}
-		unix.Exit(1)
+		answer = "no\n"
 	}
-	unix.Exit(0)
+	_ = h.answer.SetWriteDeadline(deadline)
+	_, _ = h.answer.WriteString(answer)
+	h.done <- err
+}
+
+// close closes fiberd's ends, which ends a serve still waiting, and
+// returns serve's outcome; later calls return nil. A hook that was never
+// served is closed at once.
+func (h *relockHook) close() error {
+	h.once.Do(func() {
+		h.ask.Close()
+		if h.served {
+			h.err = <-h.done
+		}
+		h.answer.Close()
+	})
+	return h.err
+}
+
+// relockOnThread runs relockMounts(pid) on an OS thread of its own, which
+// ends with it: it has entered another mount namespace.
+func relockOnThread(pid int) error {
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread() // never unlocked: the thread ends with the goroutine
+		errc <- relockMounts(pid)
+	}()
+	return <-errc
 }
 
 // relockMounts enters the mount namespace of the process at pid, on the
-// calling thread, and makes every mount there read-only but the ones
-// on top at the scratch directories and /proc.
+// calling thread, and makes every mount there read-only but the ones on
+// top at the scratch directories and /proc.
 func relockMounts(pid int) error {
 	fd, err := unix.Open(fmt.Sprintf("/proc/%d/ns/mnt", pid), unix.O_RDONLY|unix.O_CLOEXEC, 0)
 	if err != nil {
@@ -88,7 +171,8 @@ func relockMounts(pid int) error {
 	}
 	for _, d := range append(append([]string{}, scratchDirs...), "/proc") {
 		err := unix.MountSetattr(unix.AT_FDCWD, d, 0, &unix.MountAttr{Attr_clr: unix.MOUNT_ATTR_RDONLY})
-		if err != nil && err != unix.ENOENT {
+		// Not there, or no mount of its own there: it stays read-only.
+		if err != nil && !errors.Is(err, syscall.ENOENT) && !errors.Is(err, syscall.EINVAL) {
 			return fmt.Errorf("%s writable: %w", d, err)
 		}
 	}
