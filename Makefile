@@ -7,6 +7,10 @@ FUZZTIME ?= 10s
 # kube-scheduler, kube-controller-manager, kube-proxy and coredns).
 FIBERD_KUBE_CACHE ?= $(HOME)/.cache/fiberd/kube
 export FIBERD_KUBE_CACHE
+# Where hack/runtime.sh caches the node's container runtime (containerd 2.x, runc 1.5), which
+# hack/node-up.sh runs Pods with.
+FIBERD_RUNTIME_CACHE ?= $(HOME)/.cache/fiberd/runtime
+export FIBERD_RUNTIME_CACHE
 # Where hack/criu.sh caches the CRIU the CHECKPOINT tier runs (bin/criu, fiberd's default -criu).
 FIBERD_CRIU_CACHE ?= $(HOME)/.cache/fiberd/criu
 export FIBERD_CRIU_CACHE
@@ -88,8 +92,9 @@ kube-tools: ## Build kube-apiserver, kubectl and etcd into $(FIBERD_KUBE_CACHE)/
 criu: ## Build CRIU 4.2.1 (parking fibers) into $(FIBERD_CRIU_CACHE)/bin (a no-op when current).
 	hack/criu.sh "$(FIBERD_CRIU_CACHE)"
 
-node-tools: kube-tools ## Also build kubelet, kube-scheduler, kube-controller-manager, kube-proxy and coredns (a no-op when current).
+node-tools: kube-tools ## Also build kubelet, kube-scheduler, kube-controller-manager, kube-proxy, coredns, containerd and runc (a no-op when current).
 	hack/kube-tools.sh -node "$(FIBERD_KUBE_CACHE)"
+	hack/runtime.sh "$(FIBERD_RUNTIME_CACHE)"
 
 test-integration: kube-tools ## The Kubernetes home and harness on a real kube-apiserver + etcd; never skips.
 	FIBERD_KUBE_REQUIRED=1 $(GO) test -race -count=1 $(TAGGED) ./pkg/home/kubernetes/... ./test/kubeapi/...
