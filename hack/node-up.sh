@@ -397,8 +397,14 @@ containerd_config_v3() {
 write_configs() {
 	mkdir -p "$DIR/cni/net.d" "$DIR/kubelet" "$DIR/pod-logs" "$DIR/volume-plugins" "$DIR/containerd"
 	# A user-namespaced container's root is a host id that owns nothing: it must be able to pass
-	# through every directory down to its root file system (containerd makes this one 0700).
-	chmod 0711 "$DIR/containerd"
+	# through every directory down to its root file system under DIR/containerd (which containerd
+	# makes 0700, as mktemp makes DIR), else runc fails the sandbox with "remount-propagation
+	# dst=.../rootfs, flags=MS_PRIVATE: permission denied".
+	chmod go+x "$DIR" "$DIR/containerd"
+	local d=$DIR
+	while d=$(dirname "$d") && [[ $d != / ]]; do
+		[[ $(($(stat -c '%#a' "$d") & 1)) == 1 ]] || fail "$d is closed to others (mode $(stat -c '%a' "$d")): user-namespaced Pods (hostUsers: false) could not reach their root file systems under $DIR; choose a DIR whose parents others may pass through"
+	done
 	if ((CONTAINERD_MAJOR >= 2)); then containerd_config_v3; else containerd_config_v2; fi
 	cat >"$DIR/cni/net.d/10-fiberd.conflist" <<-EOF
 		{"cniVersion": "1.0.0", "name": "$NAME", "plugins": [
