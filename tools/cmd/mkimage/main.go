@@ -154,7 +154,7 @@ func pathMode(s string, def fs.FileMode) (string, fs.FileMode, error) {
 
 // capNumbers are the capabilities -caps knows, by name without "cap_".
 var capNumbers = map[string]uint{
-	"chown": 0, "dac_override": 1, "fowner": 3, "kill": 5, "setgid": 6, "setuid": 7,
+	"chown": 0, "dac_override": 1, "dac_read_search": 2, "fowner": 3, "kill": 5, "setgid": 6, "setuid": 7,
 	"net_bind_service": 10, "net_admin": 12, "net_raw": 13, "sys_chroot": 18, "sys_ptrace": 19,
 	"sys_admin": 21, "sys_resource": 24,
 }
