@@ -39,7 +39,7 @@ CI_STAGES := vet build criu test fuzz kube-tools test-integration conformance e2
 # another stage's budget, here, and says why in its commit. Issue 27 adds to node-tools the node's
 # container runtime (hack/runtime.sh: containerd 2.4 and runc 1.5, 276 s cold on a loaded host, less
 # after Kubernetes has compiled the dependencies they share) and to e2e-node the grant Pod's
-# isolation (124 -> 157 s warm): no other stage had that much to spare, so CI's total grows by
+# isolation (124 -> 152-157 s warm): no other stage had that much to spare, so CI's total grows by
 # about 5 minutes, to 56 (docs/benchmarks.md, "The node's runtime").
 CI_BUDGETS := vet:450 build:15 criu:80 test:420 fuzz:390 kube-tools:750 test-integration:140 \
 	conformance:60 e2e:130 node-tools:720 e2e-node:240
