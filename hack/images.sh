@@ -9,7 +9,9 @@
 #   OUT/pause.tar        fiberd.local/pause:3.10        the sandbox image (hack/node-up.sh's
 #                                                       containerd names it as sandbox_image)
 #   OUT/fiberd.tar       fiberd.local/fiberd:dev        what deploy/kubernetes/Dockerfile builds:
-#                                                       fiberd, fiberctl, grant-issuer, the C
+#                                                       fiberd, fiberd-caps (fiberd with the file
+#                                                       capabilities isolation needs, which
+#                                                       grant-pod.yaml runs), fiberctl, grant-issuer, the C
 #                                                       example template built static and its spec
 #                                                       (templates/counter.json); runs as 65532
 #   OUT/counter-pod.tar  fiberd.local/counter-pod:dev   the same C template as a plain container
@@ -68,8 +70,9 @@ image() {
 rm -f "$OUT/digests.txt.partial"
 image pause fiberd.local/pause:3.10 -base -entrypoint /pause /pause="$B/pause"
 image fiberd fiberd.local/fiberd:dev -base -user 65532:65532 -entrypoint /usr/local/bin/fiberd \
-	-dir /var/lib/fiberd \
+	-dir /var/lib/fiberd -caps /usr/local/bin/fiberd-caps=sys_admin,setuid,setgid,chown,fowner,dac_read_search \
 	/usr/local/bin/fiberd="$B/fiberd" \
+	/usr/local/bin/fiberd-caps="$B/fiberd" \
 	/usr/local/bin/fiberctl="$B/fiberctl" \
 	/usr/local/bin/grant-issuer="$B/grant-issuer" \
 	/opt/fiberd/templates/counter="$OUT/c/counter":0755 \

@@ -35,6 +35,11 @@
 #   FIBERD_NODE_BIN       directory with kubelet, kube-scheduler, kube-controller-manager,
 #                         kube-proxy, coredns and kubectl (default
 #                         ${FIBERD_KUBE_CACHE:-$HOME/.cache/fiberd/kube}/bin: hack/kube-tools.sh -node)
+#   FIBERD_NODE_RUNTIME   directory with containerd, containerd-shim-runc-v2, ctr and runc
+#                         (default ${FIBERD_RUNTIME_CACHE:-$HOME/.cache/fiberd/runtime}/bin when it
+#                         holds them: hack/runtime.sh's containerd 2.x and runc 1.5, which run
+#                         user-namespaced Pods, hostUsers: false; else the Debian packages' on PATH,
+#                         containerd 1.6 and runc 1.1, which cannot). "system" forces the latter.
 #   FIBERD_NODE_IMAGES    directory with pause.tar, the sandbox image fiberd.local/pause:3.10
 #                         (default DIR/images, built there by hack/images.sh when missing)
 #   FIBERD_NODE_READY_TIMEOUT  seconds to wait for each process and for the Node (default 90)
@@ -46,6 +51,12 @@
 # stop), pki/ (the kubelet's client certificate, CN=system:node:NAME, O=system:nodes, signed by
 # KUBEDIR's CA), containerd/ (root and state), runc/, cni/ (configuration, IP allocations),
 # kubelet/ (its root directory), pod-logs/, *.yaml/*.toml/Corefile (configurations), *.log, *.pid.
+#
+# User-namespaced Pods (hostUsers: false) need the runtime of hack/runtime.sh: Kubernetes 1.37 has
+# them on by default (UserNamespacesSupport and ProcMountType are GA), the kubelet asks the runtime
+# whether it supports them, and containerd 2.x with runc 1.5 give each such Pod 65536 ids of its
+# own on idmapped mounts (this kernel idmaps the overlay root file system, the tmpfs and ext4 of the
+# volumes). With Debian's containerd 1.6 such a Pod fails to start; every other Pod runs on both.
 #
 # Needs root, containerd, containerd-shim-runc-v2, runc, ctr, /usr/lib/cni/{bridge,host-local,loopback},
 # ip, nft, openssl, setsid, flock (apt-get install containerd runc containernetworking-plugins
@@ -77,7 +88,31 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 BIN=${FIBERD_NODE_BIN:-${FIBERD_KUBE_CACHE:-$HOME/.cache/fiberd/kube}/bin}
 TIMEOUT=${FIBERD_NODE_READY_TIMEOUT:-90}
 SOCK=$DIR/containerd.sock
-CTR=(ctr --address "$SOCK" --namespace k8s.io)
+
+# The runtime: what a start chose is kept in DIR/runtime.env, so that stop talks to the
+# containerd that runs with the ctr of its own version.
+runtime_choose() {
+	local d=${FIBERD_NODE_RUNTIME:-${FIBERD_RUNTIME_CACHE:-$HOME/.cache/fiberd/runtime}/bin} t
+	RUNTIME=
+	if [[ $d != system ]]; then
+		for t in containerd containerd-shim-runc-v2 ctr runc; do [[ -x $d/$t ]] || break; done
+		if [[ -x $d/$t ]]; then
+			RUNTIME=$(cd "$d" && pwd)
+		elif [[ -n ${FIBERD_NODE_RUNTIME:-} ]]; then
+			fail "FIBERD_NODE_RUNTIME=$d lacks $t (hack/runtime.sh builds the four)"
+		fi
+	fi
+	printf 'RUNTIME=%q\n' "$RUNTIME" >"$DIR/runtime.env"
+}
+# runtime_vars: CONTAINERD and CTR for RUNTIME.
+runtime_vars() {
+	CONTAINERD=${RUNTIME:+$RUNTIME/}containerd
+	CTR=("${RUNTIME:+$RUNTIME/}ctr" --address "$SOCK" --namespace k8s.io)
+}
+RUNTIME=
+# shellcheck disable=SC1091
+[[ -s $DIR/runtime.env ]] && source "$DIR/runtime.env"
+runtime_vars
 
 if [[ -s $DIR/node.env ]]; then
 	# shellcheck disable=SC1091
@@ -272,8 +307,8 @@ free_port() {
 
 # ------------------------------------------------------------------------------------ configuration
 
-write_configs() {
-	mkdir -p "$DIR/cni/net.d" "$DIR/kubelet" "$DIR/pod-logs" "$DIR/volume-plugins"
+# containerd_config_v2: containerd 1.6's configuration (Debian's).
+containerd_config_v2() {
 	cat >"$DIR/containerd.toml" <<-EOF
 		# containerd 1.6 (Debian bookworm), written by hack/node-up.sh: every path under $DIR.
 		version = 2
@@ -311,6 +346,66 @@ write_configs() {
 		    conf_dir = "$DIR/cni/net.d"
 		    max_conf_num = 1
 	EOF
+}
+
+# containerd_config_v3: containerd 2.x's configuration (hack/runtime.sh's).
+containerd_config_v3() {
+	cat >"$DIR/containerd.toml" <<-EOF
+		# containerd 2.x (hack/runtime.sh), written by hack/node-up.sh: every path under $DIR.
+		# It and runc 1.5 run user-namespaced Pods (hostUsers: false) on idmapped mounts.
+		version = 3
+		root = "$DIR/containerd/root"
+		state = "$DIR/containerd/state"
+		# NRI would listen at /var/run/nri/nri.sock, outside DIR; nothing here uses it.
+		disabled_plugins = ["io.containerd.nri.v1.nri"]
+		[grpc]
+		  address = "$SOCK"
+		[ttrpc]
+		  address = "$SOCK.ttrpc"
+		[plugins.'io.containerd.grpc.v1.cri']
+		  disable_tcp_service = true
+		  stream_server_address = "127.0.0.1"
+		  stream_server_port = "0"
+		[plugins.'io.containerd.cri.v1.images']
+		  snapshotter = "overlayfs"
+		  [plugins.'io.containerd.cri.v1.images'.pinned_images]
+		    sandbox = "fiberd.local/pause:3.10"   # imported, never pulled
+		[plugins.'io.containerd.cri.v1.runtime']
+		  disable_apparmor = true
+		  disable_hugetlb_controller = true
+		  tolerate_missing_hugetlb_controller = true
+		  # See the containerd 1.6 configuration: runc fails every sandbox without it on VMs that
+		  # drop CAP_SYS_RESOURCE from the bounding set.
+		  restrict_oom_score_adj = true
+		  netns_mounts_under_state_dir = true
+		  [plugins.'io.containerd.cri.v1.runtime'.containerd]
+		    default_runtime_name = "runc"
+		    [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]
+		      runtime_type = "io.containerd.runc.v2"
+		      runtime_path = "$RUNTIME/containerd-shim-runc-v2"
+		      [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]
+		        SystemdCgroup = false
+		        BinaryName = "$RUNTIME/runc"
+		        Root = "$DIR/runc"
+		  [plugins.'io.containerd.cri.v1.runtime'.cni]
+		    bin_dirs = ["/usr/lib/cni"]
+		    conf_dir = "$DIR/cni/net.d"
+		    max_conf_num = 1
+	EOF
+}
+
+write_configs() {
+	mkdir -p "$DIR/cni/net.d" "$DIR/kubelet" "$DIR/pod-logs" "$DIR/volume-plugins" "$DIR/containerd"
+	# A user-namespaced container's root is a host id that owns nothing: it must be able to pass
+	# through every directory down to its root file system under DIR/containerd (which containerd
+	# makes 0700, as mktemp makes DIR), else runc fails the sandbox with "remount-propagation
+	# dst=.../rootfs, flags=MS_PRIVATE: permission denied".
+	chmod go+x "$DIR" "$DIR/containerd"
+	local d=$DIR
+	while d=$(dirname "$d") && [[ $d != / ]]; do
+		[[ $(($(stat -c '%#a' "$d") & 1)) == 1 ]] || fail "$d is closed to others (mode $(stat -c '%a' "$d")): user-namespaced Pods (hostUsers: false) could not reach their root file systems under $DIR; choose a DIR whose parents others may pass through"
+	done
+	if ((CONTAINERD_MAJOR >= 2)); then containerd_config_v3; else containerd_config_v2; fi
 	cat >"$DIR/cni/net.d/10-fiberd.conflist" <<-EOF
 		{"cniVersion": "1.0.0", "name": "$NAME", "plugins": [
 		  {"type": "bridge", "bridge": "$BRIDGE", "isGateway": true, "ipMasq": false, "hairpinMode": true,
@@ -418,9 +513,19 @@ proxy_ok() { nft list table ip kube-proxy >/dev/null 2>&1; }
 start() {
 	local t
 	T0=$(date +%s%N)
-	for t in containerd containerd-shim-runc-v2 runc ctr ip nft openssl setsid flock; do
-		command -v "$t" >/dev/null || fail "$t not found (apt-get install containerd runc containernetworking-plugins nftables iproute2 openssl)"
+	if pid_of kubelet >/dev/null || pid_of containerd >/dev/null; then fail "already running in $DIR; stop it first"; fi
+	runtime_choose
+	runtime_vars
+	if [[ -z $RUNTIME ]]; then
+		for t in containerd containerd-shim-runc-v2 runc ctr; do
+			command -v "$t" >/dev/null || fail "$t not found: run hack/runtime.sh (containerd 2.x and runc 1.5, user namespaces) or apt-get install containerd runc"
+		done
+	fi
+	for t in ip nft openssl setsid flock; do
+		command -v "$t" >/dev/null || fail "$t not found (apt-get install containernetworking-plugins nftables iproute2 openssl)"
 	done
+	CONTAINERD_MAJOR=$("$CONTAINERD" --version | awk '{sub(/^v/, "", $3); split($3, v, "."); print v[1]}')
+	[[ $CONTAINERD_MAJOR =~ ^[0-9]+$ ]] || fail "cannot read $CONTAINERD's version: $("$CONTAINERD" --version 2>&1 | head -n 1)"
 	for t in bridge host-local loopback; do [[ -x /usr/lib/cni/$t ]] || fail "no /usr/lib/cni/$t (apt-get install containernetworking-plugins)"; done
 	for t in kubelet coredns kubectl; do [[ -x $BIN/$t ]] || fail "no $t in $BIN: run \`make node-tools\` (hack/kube-tools.sh -node)"; done
 	if [[ $PRIMARY == 1 ]]; then
@@ -428,7 +533,6 @@ start() {
 	fi
 	[[ -s $KUBEDIR/pki/ca.key && -s $KUBEDIR/api.url && -s $KUBEDIR/kubeconfig ]] || fail "$KUBEDIR is not a kube-up.sh directory"
 	((${#SOCK} < 100)) || fail "DIR is too long for containerd's socket (${#SOCK} bytes; limit 100): use a shorter DIR"
-	if pid_of kubelet >/dev/null || pid_of containerd >/dev/null; then fail "already running in $DIR; stop it first"; fi
 	if ip link show "$BRIDGE" >/dev/null 2>&1 && ! ip -4 addr show dev "$BRIDGE" | grep -q "inet $NODEIP/"; then
 		fail "a bridge $BRIDGE without $NODEIP exists: another node uses it; set FIBERD_NODE_BRIDGE and FIBERD_NODE_CIDR"
 	fi
@@ -457,7 +561,7 @@ start() {
 	# names DIR on its command line, which is how pid_of knows it.
 	install -m 0600 "$KUBEDIR/kubeconfig" "$DIR/admin.kubeconfig"
 	cgroup_make
-	spawn containerd containerd --config "$DIR/containerd.toml"
+	spawn containerd "$CONTAINERD" --config "$DIR/containerd.toml"
 	wait_for containerd "$TIMEOUT" 0.1 containerd_ok
 	"${CTR[@]}" images import "$images/pause.tar" >/dev/null || fail "importing $images/pause.tar failed"
 	say "containerd ready at $(ms) ms"

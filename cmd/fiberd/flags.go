@@ -61,6 +61,7 @@ type options struct {
 	isolation             backend.Isolation
 	scratchSize           int64 // bytes; 0: backend.DefaultScratchSize
 	minIsolation          backend.Isolation
+	ids                   idRange // zero: chosen at start (chooseIDs)
 	fiberPidsMax          int64
 	grantCPUWeight        int
 	criu                  string // "" for no checkpoints
@@ -131,7 +132,8 @@ func parseFlags(args []string, env environ, usage io.Writer) (options, error) {
 	portRange := fs.String("port-range", fiberd.DefaultPortRange, "TCP ports of inet fibers, FIRST-LAST")
 	fs.StringVar(&o.cgroupRoot, "cgroup-root", "", "cgroup v2 directory fibers are carved under (default a delegated subtree of fiberd's own cgroup; \"none\" for no cgroups)")
 	devices := fs.String("devices", "", "comma-separated device paths or ids handed to every template (standalone: a static set; kubernetes: what the driver exposed to the Pod, handed with its ResourceClaim)")
-	isolation := fs.String("isolation", "", "how far grants and fibers are kept apart: none, grant (a user and namespaces per grant) or fiber (also a PID namespace and /tmp per fiber); default fiber, none under -home kubernetes; the host may allow less, which fiberd logs once at start")
+	isolation := fs.String("isolation", "", "how far grants and fibers are kept apart: none, grant (a user and namespaces per grant) or fiber (also a PID namespace and /tmp per fiber); default fiber; the host or Pod may allow less, which fiberd logs once at start")
+	ids := fs.String("ids", "", fmt.Sprintf("FIRST-LAST: the user and group ids isolated grants run as, one per grant, mapped in fiberd's user namespace and owned by nobody else (default %d-%d, or, in a user namespace that does not map those, such as a Pod's with hostUsers: false, the second quarter from the top of the ids it maps: 32768-49151 of 0-65535)", backend.DefaultIDFirst, uint64(backend.DefaultIDFirst)+uint64(backend.DefaultIDCount)-1))
 	fs.Int64Var(&o.fiberPidsMax, "fiber-pids-max", 0, fmt.Sprintf("each fiber's pids.max, where the cgroup root has the pids controller: the processes and threads one fiber may run (0: %d; -1: none)", fiberd.DefaultFiberPidsMax))
 	fs.IntVar(&o.grantCPUWeight, "grant-cpu-weight", 0, fmt.Sprintf("each grant's cpu.weight, 1 to 10000, where the cgroup root has the cpu controller: grants share the CPU in proportion (0: %d)", fiberd.DefaultGrantCPUWeight))
 	scratchSize := fs.String("scratch-size", "", fmt.Sprintf("the size of each tmpfs an isolated fiber gets on /tmp, /var/tmp and /dev/shm when its grant has no wBudget, as a quantity such as 64Mi (a grant with a wBudget gets that size; default %dMi)", backend.DefaultScratchSize>>20))
@@ -197,8 +199,11 @@ func parseFlags(args []string, env environ, usage io.Writer) (options, error) {
 	if o.cgroupRoot == "none" {
 		o.cgroupRoot, o.noCgroups = "", true
 	}
-	if o.isolation, err = parseIsolation(*isolation, o.home); err != nil {
+	if o.isolation, err = parseIsolation(*isolation); err != nil {
 		return o, bad("isolation", "%v", err)
+	}
+	if o.ids, err = parseIDRange(*ids); err != nil {
+		return o, bad("ids", "%v", err)
 	}
 	if *scratchSize != "" {
 		q, err := resource.ParseQuantity(*scratchSize)
@@ -226,15 +231,14 @@ func parseFlags(args []string, env environ, usage io.Writer) (options, error) {
 	return o, nil
 }
 
-// parseIsolation reads -isolation, defaulting it by home: fiber for the
-// standalone home, whose grants are tenants side by side on one host; none
-// for the Kubernetes home, whose grant Pod holds one grant and is its
-// boundary (and seldom has the privilege isolating fibers needs).
-func parseIsolation(s, home string) (backend.Isolation, error) {
+// parseIsolation reads -isolation, fiber by default in every home: on a
+// standalone host grants are tenants side by side; in a grant Pod the Pod is
+// the grant's boundary, and fiber keeps each session's processes, /proc and
+// /tmp from the others'. Where the host or the Pod lacks the privilege the
+// backends give less and fiberd says so once at start (decision 63), so a
+// Pod without it serves as before, at isolation none, visibly.
+func parseIsolation(s string) (backend.Isolation, error) {
 	if s == "" {
-		if home == kubernetes.Name {
-			return backend.IsolationNone, nil
-		}
 		return backend.IsolationFiber, nil
 	}
 	return backend.ParseIsolation(s)

@@ -208,10 +208,18 @@ func TestParseFlagsModes(t *testing.T) {
 			},
 		},
 		{
-			name: "kubernetes isolates nothing by default", args: kubeArgs, env: kubeEnv,
+			name: "kubernetes isolates fibers by default", args: kubeArgs, env: kubeEnv,
 			check: func(t *testing.T, o options) {
-				if o.isolation != backend.IsolationNone {
-					t.Errorf("isolation %q under -home kubernetes, want none", o.isolation)
+				if o.isolation != backend.IsolationFiber || o.ids != (idRange{}) {
+					t.Errorf("isolation %q, ids %v under -home kubernetes, want fiber and ids chosen at start", o.isolation, o.ids)
+				}
+			},
+		},
+		{
+			name: "ids", args: append(kubeArgs, "-ids", "40000-40999"), env: kubeEnv,
+			check: func(t *testing.T, o options) {
+				if o.ids != (idRange{first: 40000, count: 1000}) {
+					t.Errorf("ids %v, want 40000-40999", o.ids)
 				}
 			},
 		},
@@ -288,7 +296,9 @@ func TestParseFlagsRefusals(t *testing.T) {
 		{"negative park idle after", sa("-park-idle-after", "-1s"), testEnv, "-park-idle-after"},
 		{"bad min isolation", sa("-min-isolation", "all"), testEnv, "-min-isolation"},
 		{"min isolation above isolation", sa("-isolation", "grant", "-min-isolation", "fiber"), testEnv, "-min-isolation"},
-		{"min isolation above kubernetes' default", ka("-min-isolation", "grant"), kubeEnv, "-min-isolation"},
+		{"min isolation above kubernetes' isolation", ka("-isolation", "none", "-min-isolation", "grant"), kubeEnv, "-min-isolation"},
+		{"ids from root", ka("-ids", "0-100"), kubeEnv, "-ids"},
+		{"ids not a range", ka("-ids", "32768"), kubeEnv, "-ids"},
 		{"no issuer", []string{"-templates", "/t", "-listen="}, testEnv, "-issuer"},
 		{"issuer not https", []string{"-issuer", "http://issuer.example", "-templates", "/t", "-listen="}, testEnv, "-issuer"},
 		{"issuer not a URL", []string{"-issuer", "issuer", "-templates", "/t", "-listen="}, testEnv, "-issuer"},

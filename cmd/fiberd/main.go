@@ -195,7 +195,21 @@ func build(ctx context.Context, o options, log logr.Logger) (*fiberd.Agent, erro
 	}
 	// One pool of ids for both backends: no grant of one may run as a
 	// user a grant of the other runs as.
-	ids, err := backend.NewIDPool(backend.DefaultIDFirst, backend.DefaultIDCount)
+	// In a user-namespaced Pod the default pool is not mapped: the ids
+	// come from the Pod's own range then (chooseIDs).
+	r := o.ids
+	if r == (idRange{}) {
+		if o.isolation == backend.IsolationNone {
+			r = idRange{first: backend.DefaultIDFirst, count: backend.DefaultIDCount}
+		} else if r, err = chooseIDs(); err != nil {
+			h.Close()
+			return nil, fmt.Errorf("-ids: %w", err)
+		}
+	}
+	if o.isolation != backend.IsolationNone {
+		log.V(1).Info("Isolated grants' ids", "ids", r.String())
+	}
+	ids, err := backend.NewIDPool(r.first, r.count)
 	if err != nil {
 		h.Close()
 		return nil, err

@@ -587,6 +587,9 @@ func newRig(t *testing.T, o rigOpts) *rig {
 	r.socket = filepath.Join(r.state, "fiberd.sock")
 	args := []string{
 		"-home=kubernetes",
+		// The checks read fibers' host pids and park them: fibers here run as fiberd, unisolated
+		// (isolation fiber, the default, is make e2e-node's, in a grant Pod).
+		"-isolation=none",
 		"-listen=",
 		"-socket=" + r.socket,
 		"-state=" + r.state,

@@ -101,6 +101,24 @@ func Binaries() string {
 	return filepath.Join(cache, "bin")
 }
 
+// RuntimeBinaries is where the node's container runtime is (hack/node-up.sh's
+// FIBERD_NODE_RUNTIME): $FIBERD_NODE_RUNTIME, else
+// ${FIBERD_RUNTIME_CACHE:-$HOME/.cache/fiberd/runtime}/bin.
+func RuntimeBinaries() string {
+	if d := os.Getenv("FIBERD_NODE_RUNTIME"); d != "" {
+		return d
+	}
+	cache := os.Getenv("FIBERD_RUNTIME_CACHE")
+	if cache == "" {
+		home, err := os.UserHomeDir()
+		if err != nil {
+			home = os.TempDir()
+		}
+		cache = filepath.Join(home, ".cache", "fiberd", "runtime")
+	}
+	return filepath.Join(cache, "bin")
+}
+
 // Missing says what this machine lacks to run a node, and how to get it;
 // nil when nothing is missing.
 func Missing() error {
@@ -117,6 +135,21 @@ func Missing() error {
 	}
 	if len(tools) > 0 {
 		miss = append(miss, fmt.Sprintf("%s in %s (`make node-tools`)", strings.Join(tools, ", "), bin))
+	}
+	// The grant Pod runs in a user namespace of its own (hostUsers: false), which Debian's
+	// containerd 1.6 cannot give: hack/runtime.sh's containerd 2.x and runc 1.5 run the node.
+	rt := RuntimeBinaries()
+	var rts []string
+	for _, t := range []string{"containerd", "containerd-shim-runc-v2", "ctr", "runc"} {
+		if rt == "system" {
+			break // Debian's, below
+		}
+		if fi, err := os.Stat(filepath.Join(rt, t)); err != nil || fi.Mode()&0o111 == 0 {
+			rts = append(rts, t)
+		}
+	}
+	if len(rts) > 0 {
+		miss = append(miss, fmt.Sprintf("%s in %s (`make node-tools`: hack/runtime.sh)", strings.Join(rts, ", "), rt))
 	}
 	var pkgs []string
 	for _, p := range []struct{ file, pkg string }{

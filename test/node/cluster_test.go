@@ -323,7 +323,8 @@ func (c *cluster) waitPod(t testing.TB, ns, name string, within time.Duration, w
 		}
 		if time.Now().After(end) {
 			ev, _ := c.kubectlErr("", "-n", ns, "get", "events", "--sort-by=.lastTimestamp")
-			t.Fatalf("after %v: Pod %s/%s: %s: %s\nevents:\n%s", within, ns, name, what, last, ev)
+			logs, _ := c.kubectlErr("", "-n", ns, "logs", "--tail=40", name)
+			t.Fatalf("after %v: Pod %s/%s: %s: %s\nevents:\n%s\nits logs (the last 40 lines):\n%s", within, ns, name, what, last, ev, logs)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}

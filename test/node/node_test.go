@@ -16,6 +16,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -24,6 +25,7 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -34,6 +36,7 @@ import (
 
 	"fiberd.io/fiberd/pkg/api"
 	"fiberd.io/fiberd/pkg/client"
+	"fiberd.io/fiberd/pkg/core"
 	"fiberd.io/fiberd/test/kubenode"
 )
 
@@ -331,6 +334,7 @@ func TestGrantPod(t *testing.T) {
 		t.Errorf("the fiber answered %q, without its fence %s", cy.Body, cy.FiberID)
 	}
 	t.Logf("the client Pod cloned %s at %s in %.1f ms, first byte at %.1f ms: %q", cy.FiberID, cy.Endpoint, cy.CloneMs, cy.FirstByteMs, strings.TrimSpace(cy.Body))
+	checkIsolation(t, c, g, cy.Body)
 	recordMs("clone from another Pod over mTLS: first Clone", cy.CloneMs)
 	recordMs("clone from another Pod over mTLS: first Clone to first byte", cy.FirstByteMs)
 
@@ -359,16 +363,28 @@ func TestSecurityContext(t *testing.T) {
 	if mainPod.g == nil {
 		t.Skip("TestGrantPod did not run")
 	}
-	checkSecurity(t, "fiberd", mainPod.g.hostPID, true)
+	// grant-pod.yaml: fiberd-caps as 65532 of the Pod's own user namespace, holding the three
+	// capabilities isolation needs from its file capabilities (so no no_new_privs).
+	const isolating = "00000000002000cd" // CAP_CHOWN, CAP_DAC_READ_SEARCH, CAP_FOWNER, CAP_SETGID, CAP_SETUID, CAP_SYS_ADMIN
+	checkSecurity(t, "fiberd", mainPod.g.hostPID, security{userns: true, seccomp: true, prm: isolating, bnd: isolating, nnp: "0"})
 	l, err := c.cs.CoreV1().Pods(issuerNamespace).List(c.ctx(t, 30*time.Second), metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=grant-issuer"})
 	if err != nil || len(l.Items) != 1 {
 		t.Fatalf("issuer Pods: %v, %d", err, len(l.Items))
 	}
 	ip := c.readGrantPod(t, &l.Items[0])
-	checkSecurity(t, "grant-issuer", ip.hostPID, false)
+	none := "0000000000000000"
+	checkSecurity(t, "grant-issuer", ip.hostPID, security{prm: none, bnd: none, nnp: "1"})
 }
 
-func checkSecurity(t *testing.T, what string, pid int, seccomp bool) {
+// security is what a container's process must show in /proc/PID/status.
+type security struct {
+	userns   bool   // in a user namespace of its own (hostUsers: false): ids are read through its map
+	seccomp  bool   // under a seccomp filter
+	prm, bnd string // CapPrm (and CapEff), CapBnd
+	nnp      string // NoNewPrivs
+}
+
+func checkSecurity(t *testing.T, what string, pid int, want security) {
 	t.Helper()
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {
@@ -380,15 +396,39 @@ func checkSecurity(t *testing.T, what string, pid int, seccomp bool) {
 			status[k] = strings.Join(strings.Fields(v), " ")
 		}
 	}
-	want := map[string]string{
+	// The ids as the container sees them: the host's, through its user namespace's map.
+	um, err := os.ReadFile(fmt.Sprintf("/proc/%d/uid_map", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := strings.Fields(string(um))
+	identity := len(m) == 3 && m[0] == "0" && m[1] == "0" && m[2] == "4294967295"
+	if identity == want.userns {
+		t.Errorf("%s (pid %d): uid_map %q; want a user namespace of its own: %v", what, pid, strings.TrimSpace(string(um)), want.userns)
+	}
+	inside := func(ids string) string {
+		if identity || len(m) != 3 {
+			return ids
+		}
+		in, _ := strconv.ParseUint(m[0], 10, 32)
+		out, _ := strconv.ParseUint(m[1], 10, 32)
+		var r []string
+		for _, f := range strings.Fields(ids) {
+			v, _ := strconv.ParseUint(f, 10, 32)
+			r = append(r, strconv.FormatUint(v-out+in, 10))
+		}
+		return strings.Join(r, " ")
+	}
+	status["Uid"], status["Gid"] = inside(status["Uid"]), inside(status["Gid"])
+	w := map[string]string{
 		"Uid": "65532 65532 65532 65532", "Gid": "65532 65532 65532 65532",
-		"CapInh": "0000000000000000", "CapPrm": "0000000000000000", "CapEff": "0000000000000000",
-		"CapBnd": "0000000000000000", "CapAmb": "0000000000000000", "NoNewPrivs": "1",
+		"CapInh": "0000000000000000", "CapPrm": want.prm, "CapEff": want.prm,
+		"CapBnd": want.bnd, "CapAmb": "0000000000000000", "NoNewPrivs": want.nnp,
 	}
-	if seccomp {
-		want["Seccomp"] = "2"
+	if want.seccomp {
+		w["Seccomp"] = "2"
 	}
-	for k, v := range want {
+	for k, v := range w {
 		if status[k] != v {
 			t.Errorf("%s (pid %d): %s is %q, want %q", what, pid, k, status[k], v)
 		}
@@ -406,7 +446,59 @@ func checkSecurity(t *testing.T, what string, pid int, seccomp bool) {
 	if !rootRO {
 		t.Errorf("%s (pid %d): the root file system is mounted read-write", what, pid)
 	}
-	t.Logf("%s: uid %s, CapEff %s, CapBnd %s, NoNewPrivs %s, Seccomp %s, root read-only %v", what, status["Uid"], status["CapEff"], status["CapBnd"], status["NoNewPrivs"], status["Seccomp"], rootRO)
+	t.Logf("%s: uid %s (uid_map %s), CapEff %s, CapBnd %s, NoNewPrivs %s, Seccomp %s, root read-only %v", what, status["Uid"], strings.Join(m, " "), status["CapEff"], status["CapBnd"], status["NoNewPrivs"], status["Seccomp"], rootRO)
+}
+
+// checkIsolation: the grant Pod of grant-pod.yaml isolates each fiber. fiberd said so once at
+// start, its status and metrics say fiber for the tier and the grant, and the fiber that answered
+// body (the counter template's "fence=... pid=N ...") is PID 1 of a PID namespace of its own.
+func checkIsolation(t *testing.T, c *cluster, g *grantPod, body string) {
+	t.Helper()
+	flog := c.logs(t, g.ns, podName, false)
+	if !grepLine(flog, `"Isolation"`, `warm="fiber"`) || strings.Contains(flog, "Isolation is less than asked") || strings.Contains(flog, "Isolation is off") {
+		t.Errorf("fiberd's start-up line says no isolation fiber:\n%s", tailLines(flog, 30))
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	st, err := g.agent(t).Status(ctx)
+	if err != nil {
+		t.Fatalf("fiberd status: %v", err)
+	}
+	for _, ti := range st.Isolation {
+		if ti.Tier == core.TierWarm && (ti.Level != "fiber" || ti.Missing != "") {
+			t.Errorf("fiberd's status: tier %s isolates %q (missing %q), want fiber", ti.Tier, ti.Level, ti.Missing)
+		}
+	}
+	if gs, ok := podGrant(t, g); !ok || gs.Isolation != "fiber" {
+		t.Errorf("fiberd's grant %s isolates %q, want fiber", g.uid, gs.Isolation)
+	}
+	metrics := socketGet(t, g, "/metrics")
+	if want := fmt.Sprintf(`fiberd_grant_isolation{grant=%q,level="fiber"} 1`, g.uid); !strings.Contains(metrics, want) {
+		t.Errorf("fiberd's metrics lack %s", want)
+	}
+	if !regexp.MustCompile(`\bpid=1\b`).MatchString(body) {
+		t.Errorf("the fiber answered %q, want pid=1: PID 1 of a PID namespace of its own", strings.TrimSpace(body))
+	}
+}
+
+// socketGet GETs path on fiberd's unix socket, through the Pod's root.
+func socketGet(t testing.TB, g *grantPod, path string) string {
+	t.Helper()
+	sock := fmt.Sprintf("/proc/%d/root/var/lib/fiberd/state/fiberd.sock", g.hostPID)
+	hc := &http.Client{Timeout: 20 * time.Second, Transport: &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			return (&net.Dialer{}).DialContext(ctx, "unix", sock)
+		}}}
+	res, err := hc.Get("http://fiberd" + path)
+	if err != nil {
+		t.Fatalf("GET %s on fiberd's socket: %v", path, err)
+	}
+	defer res.Body.Close()
+	b, err := io.ReadAll(res.Body)
+	if err != nil || res.StatusCode != http.StatusOK {
+		t.Fatalf("GET %s on fiberd's socket: %s, %v", path, res.Status, err)
+	}
+	return string(b)
 }
 
 // 100 clone/release cycles from another Pod leave no zombie in the grant Pod, where fiberd is
@@ -947,8 +1039,8 @@ func pidNS(t testing.TB, pid int) string {
 	return ns
 }
 
-// podProcs is every process of the container whose process is pid (its pid namespace), by host
-// pid and start time, so a check after the namespace is gone is not fooled by a reused pid or
+// podProcs is every process of the container whose process is pid (its pid namespace and those
+// nested in it, where isolated grants and fibers run), by host pid and start time, so a check after the namespace is gone is not fooled by a reused pid or
 // namespace inode.
 func podProcs(t testing.TB, pid int) map[int]string {
 	t.Helper()
@@ -960,7 +1052,7 @@ func podProcs(t testing.TB, pid int) map[int]string {
 		if err != nil {
 			continue
 		}
-		if l, _ := os.Readlink(fmt.Sprintf("/proc/%d/ns/pid", p)); l == ns {
+		if inPidNS(p, ns) {
 			if st, ok := startTime(p); ok {
 				out[p] = st
 			}
@@ -1002,12 +1094,37 @@ func stillAlive(procs map[int]string) []string {
 	return out
 }
 
+// inPidNS says whether pid's pid namespace is ns (a /proc/PID/ns/pid link's text) or a
+// descendant of it, walking up with NS_GET_PARENT.
+func inPidNS(pid int, ns string) bool {
+	fd, err := unix.Open(fmt.Sprintf("/proc/%d/ns/pid", pid), unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return false
+	}
+	for i := 0; i < 33; i++ { // the kernel nests at most 32 pid namespaces
+		l, err := os.Readlink(fmt.Sprintf("/proc/self/fd/%d", fd))
+		if err == nil && l == ns {
+			unix.Close(fd)
+			return true
+		}
+		parent, err := unix.IoctlRetInt(fd, unix.NS_GET_PARENT)
+		unix.Close(fd)
+		if err != nil {
+			return false
+		}
+		fd = parent
+	}
+	unix.Close(fd)
+	return false
+}
+
 func pidNSNoFail(pid int) string {
 	ns, _ := os.Readlink(fmt.Sprintf("/proc/%d/ns/pid", pid))
 	return ns
 }
 
-// procsInNS lists the processes in pid namespace ns: the zombies, and the live ones.
+// procsInNS lists the processes in pid namespace ns or one nested in it (an isolated grant's, a
+// fiber's): the zombies, and the live ones.
 func procsInNS(ns string) (zombies, live []string) {
 	if ns == "" {
 		return nil, nil
@@ -1018,7 +1135,7 @@ func procsInNS(ns string) (zombies, live []string) {
 		if err != nil {
 			continue
 		}
-		if l, _ := os.Readlink(fmt.Sprintf("/proc/%d/ns/pid", pid)); l != ns {
+		if !inPidNS(pid, ns) {
 			continue
 		}
 		stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))

@@ -3,6 +3,7 @@ package image
 import (
 	"archive/tar"
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -39,6 +40,24 @@ type File struct {
 	Mode fs.FileMode
 	// Data is the file's content.
 	Data []byte
+	// Caps are file capabilities, a bit per capability number (1<<21 is
+	// CAP_SYS_ADMIN), set permitted and effective: an execve of the file
+	// gives them to its process, as far as the process's bounding set and
+	// no_new_privs allow. Written as the security.capability extended
+	// attribute, revision 2 (no root id: the user namespace owning the
+	// mount decides whose root the file's owner is). Zero means none.
+	Caps uint64
+}
+
+// capXattr is the security.capability value of caps, revision 2, with the
+// effective flag: what setcap CAPS=ep writes.
+func capXattr(caps uint64) string {
+	const revision2, effective = 0x02000000, 0x000001
+	b := make([]byte, 20)
+	binary.LittleEndian.PutUint32(b[0:], revision2|effective)
+	binary.LittleEndian.PutUint32(b[4:], uint32(caps))      // permitted, low word
+	binary.LittleEndian.PutUint32(b[12:], uint32(caps>>32)) // permitted, high word
+	return string(b)
 }
 
 // Dir is one directory of the image.
@@ -191,10 +210,14 @@ func Layer(s Spec) ([]byte, error) {
 		if mode == 0 {
 			mode = 0o644
 		}
-		entries = append(entries, entry{hdr: tar.Header{
+		hdr := tar.Header{
 			Typeflag: tar.TypeReg, Name: strings.TrimPrefix(p, "/"),
 			Mode: tarMode(mode), Size: int64(len(f.Data)), ModTime: epoch, Format: tar.FormatPAX,
-		}, data: f.Data})
+		}
+		if f.Caps != 0 {
+			hdr.PAXRecords = map[string]string{"SCHILY.xattr.security.capability": capXattr(f.Caps)}
+		}
+		entries = append(entries, entry{hdr: hdr, data: f.Data})
 	}
 	// Parents before their children, whatever bytes the names hold.
 	sort.Slice(entries, func(i, j int) bool {

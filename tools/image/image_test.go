@@ -24,6 +24,7 @@ func spec() image.Spec {
 		Files: []image.File{
 			{Path: "/usr/local/bin/app", Mode: 0o755, Data: []byte("\x7fELF not really")},
 			{Path: "/etc/app/config.json", Data: []byte(`{"a":1}`)},
+			{Path: "/usr/local/bin/app-caps", Mode: 0o755, Data: []byte("\x7fELF"), Caps: 1<<21 | 1<<7 | 1<<6},
 		},
 		Dirs: []image.Dir{{Path: "/var/lib/app", Mode: 0o700, UID: 65532, GID: 65532}},
 	}
@@ -87,6 +88,15 @@ func TestLayer(t *testing.T) {
 	}
 	if h := hdrs["var/lib/app/"]; h.Mode != 0o700 || h.Uid != image.NonRoot || h.Gid != image.NonRoot {
 		t.Errorf("/var/lib/app: mode %o owner %d:%d", h.Mode, h.Uid, h.Gid)
+	}
+	// What setcap cap_setgid,cap_setuid,cap_sys_admin=ep writes: revision 2 with the effective
+	// flag, then the permitted and inheritable words, low then high.
+	const wantCaps = "\x01\x00\x00\x02" + "\xc0\x00\x20\x00" + "\x00\x00\x00\x00" + "\x00\x00\x00\x00" + "\x00\x00\x00\x00"
+	if got := hdrs["usr/local/bin/app-caps"].PAXRecords["SCHILY.xattr.security.capability"]; got != wantCaps {
+		t.Errorf("app-caps: security.capability %q, want %q", got, wantCaps)
+	}
+	if _, ok := hdrs["usr/local/bin/app"].PAXRecords["SCHILY.xattr.security.capability"]; ok {
+		t.Errorf("app has file capabilities, want none")
 	}
 	if !strings.Contains(data["etc/passwd"], "nonroot:x:65532:65532:") {
 		t.Errorf("/etc/passwd lacks nonroot: %q", data["etc/passwd"])

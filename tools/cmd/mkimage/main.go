@@ -25,6 +25,7 @@ import (
 	"io"
 	"io/fs"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -45,7 +46,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	var (
 		ref, out, entry, user, workdir string
 		base                           bool
-		env, dirs                      listFlag
+		env, dirs, caps                listFlag
 	)
 	flags.StringVar(&ref, "ref", "", "image reference, e.g. fiberd.local/fiberd:dev (required)")
 	flags.StringVar(&out, "out", "", "tarball to write (required)")
@@ -55,6 +56,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	flags.StringVar(&workdir, "workdir", "", "working directory (default /)")
 	flags.Var(&env, "env", "KEY=VALUE of the image's environment (repeatable; default PATH only)")
 	flags.Var(&dirs, "dir", "PATH[:MODE] of an empty directory (repeatable)")
+	flags.Var(&caps, "caps", "DEST=CAP,... file capabilities (permitted and effective) of a file given as DEST=SRC, e.g. /usr/local/bin/fiberd=sys_admin,setuid,setgid (repeatable)")
 	if err := flags.Parse(args); err != nil {
 		return 2
 	}
@@ -106,6 +108,18 @@ func run(args []string, stdout, stderr io.Writer) int {
 		}
 		spec.Files = append(spec.Files, image.File{Path: dest, Mode: mode, Data: data})
 	}
+	for _, c := range caps {
+		dest, names, ok := strings.Cut(c, "=")
+		bits, err := capBits(names)
+		if !ok || err != nil {
+			return usage("-caps %q: want DEST=CAP,... (%v)", c, err)
+		}
+		i := slices.IndexFunc(spec.Files, func(f image.File) bool { return f.Path == dest })
+		if i < 0 {
+			return usage("-caps %q: no file %s is given", c, dest)
+		}
+		spec.Files[i].Caps |= bits
+	}
 	d, err := image.WriteFile(out, spec)
 	if err != nil {
 		fmt.Fprintf(stderr, "mkimage: %v\n", err)
@@ -136,4 +150,24 @@ func pathMode(s string, def fs.FileMode) (string, fs.FileMode, error) {
 		mode |= os.ModeSetuid
 	}
 	return p, mode, nil
+}
+
+// capNumbers are the capabilities -caps knows, by name without "cap_".
+var capNumbers = map[string]uint{
+	"chown": 0, "dac_override": 1, "dac_read_search": 2, "fowner": 3, "kill": 5, "setgid": 6, "setuid": 7,
+	"net_bind_service": 10, "net_admin": 12, "net_raw": 13, "sys_chroot": 18, "sys_ptrace": 19,
+	"sys_admin": 21, "sys_resource": 24,
+}
+
+// capBits reads "sys_admin,setuid" (cap_ prefixes allowed) as a bit set.
+func capBits(names string) (uint64, error) {
+	var bits uint64
+	for _, n := range strings.Split(names, ",") {
+		c, ok := capNumbers[strings.TrimPrefix(strings.ToLower(strings.TrimSpace(n)), "cap_")]
+		if !ok {
+			return 0, fmt.Errorf("unknown capability %q", n)
+		}
+		bits |= 1 << c
+	}
+	return bits, nil
 }
