@@ -260,4 +260,3 @@ func TestGuardMark(t *testing.T) {
 		seen[m] = id
 	}
 }
-
