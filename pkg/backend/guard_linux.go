@@ -50,14 +50,14 @@ import (
 
 // GuardMarkBase is the first of the socket and conntrack marks fiberd
 // gives isolated grants: GuardMark(id) is GuardMarkBase plus 15 bits of
-// the grant's id. The marks clear kube-proxy's 0x4000 and 0x8000 bits only
-// in the low 15 bits' top bit (0x4000, set for half the ids: a reply of a
-// fiber's server is no new connection, which is all kube-proxy's
-// masquerade bit is read on) and never set 0x8000; the high bits, 0x0fd1,
-// are no value Tailscale (0x80000/0xff0000) or wg-quick (51820) route by.
-// A host whose own firewall or routing reads the same bits of a socket's
-// mark should run fiberd with -isolation none, or give it a network of
-// its own. See docs/operations.md.
+// the grant's id. The range never sets kube-proxy's drop bit 0x8000; it
+// sets its masquerade bit 0x4000 for half the ids, which kube-proxy reads
+// only on a connection's first packet (a fiber's server sends none: its
+// connections are its peers'). The high half, 0x0fd1, is no value
+// Tailscale (0x80000/0xff0000) or wg-quick (51820) route by. A host whose
+// own firewall or routing reads these bits of a socket's mark should run
+// fiberd with -isolation none, or give fibers a network of their own (see
+// docs/operations.md).
 const (
 	GuardMarkBase uint32 = 0x0fd10000
 	// GuardMarkMask selects the bits that say a mark is a grant's.

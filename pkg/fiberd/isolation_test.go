@@ -31,7 +31,7 @@ var (
 	fullIsolation = backend.IsolationSupport{Level: backend.IsolationFiber, NetworkNone: true, EndpointsApart: true}
 	noNftables    = backend.IsolationSupport{Level: backend.IsolationFiber, NetworkNone: true,
 		Missing: "endpoints of different grants are not kept apart: the nft command is not installed: install nftables"}
-	noPrivilege   = backend.IsolationSupport{Level: backend.IsolationNone, Missing: "fiberd runs without CAP_SYS_ADMIN"}
+	noPrivilege = backend.IsolationSupport{Level: backend.IsolationNone, Missing: "fiberd runs without CAP_SYS_ADMIN"}
 )
 
 // TestIsolationInStatus: the status says what each tier isolates, and the
