@@ -91,10 +91,12 @@ if command -v nft >/dev/null; then
 	for fam in ip ip6; do
 		if nft list table "$fam" kube-proxy >/dev/null 2>&1; then run nft delete table "$fam" kube-proxy; fi
 	done
-	# The endpoint guard's tables (inet fiberd_<pid>_<n>) of processes that are gone; a live
-	# backend's is its own (fiberd deletes a dead one's at its next start too).
-	for t in $(nft list tables inet 2>/dev/null | awk '$1 == "table" && $3 ~ /^fiberd_[0-9]+_[0-9]+$/ {print $3}'); do
-		pid=${t#fiberd_}
+	# The endpoint guard's tables (inet fiberd_<pid namespace>_<pid>_<n>) of processes of this PID
+	# namespace that are gone; a live backend's is its own (fiberd deletes a dead one's at its next
+	# start too), and another PID namespace's pids mean nothing here.
+	pidns=$(stat -L -c %i /proc/self/ns/pid)
+	for t in $(nft list tables inet 2>/dev/null | awk -v ns="$pidns" '$1 == "table" && $3 ~ ("^fiberd_" ns "_[0-9]+_[0-9]+$") {print $3}'); do
+		pid=${t#fiberd_"$pidns"_}
 		pid=${pid%%_*}
 		if ! kill -0 "$pid" 2>/dev/null; then run nft delete table inet "$t"; fi
 	done

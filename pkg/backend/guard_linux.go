@@ -28,7 +28,7 @@ import (
 // listener accepts inherits the mark, so the fiber's answers carry it too.
 //
 // Sender side: an nftables table of the backend's own (inet
-// fiberd_<pid>_<n>) sets the conntrack mark of every new connection a
+// fiberd_<pidns>_<pid>_<n>) sets the conntrack mark of every new connection a
 // grant's user opens (map uids: uid -> mark), and, in its input chain,
 // refuses with a TCP reset a new connection whose conntrack mark is a grant
 // mark and whose destination socket's mark is a mark of one of this
@@ -44,7 +44,7 @@ import (
 // whose grant listens; the conntrack mark may be set by any table that
 // knows the sender's uid, and marks are a function of the uid alone, so
 // all tables agree. Leftovers of a crashed process (tables named by a dead
-// pid) are deleted when the next backend starts; one kept by a reused pid
+// pid of this PID namespace) are deleted when the next backend starts; one kept by a reused pid
 // is harmless for the same reason (it can only refuse what the live tables
 // refuse, or mark what they mark alike).
 
@@ -78,7 +78,7 @@ const nftTimeout = 10 * time.Second
 var guardSeq atomic.Uint32
 
 // guardTablePrefix starts the name of every table a guard makes:
-// fiberd_<pid>_<n>.
+// fiberd_<pid namespace inode>_<pid>_<n>.
 const guardTablePrefix = "fiberd_"
 
 // guard is one backend's endpoint guard: its nftables table and which
@@ -88,6 +88,7 @@ type guard struct {
 	clk   clock.WithDelayedExecution
 	nft   string
 	table string
+	pidNS uint64 // the inode of this process's PID namespace
 
 	// sem lets one nft run at a time change elements, so that the last
 	// to run sets what holds says; no mutex is held while nft runs.
@@ -121,9 +122,13 @@ func newGuard(clk clock.WithDelayedExecution, log logr.Logger) (*guard, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%v: %s", err, guardFix)
 	}
+	pidNS, err := pidNamespace()
+	if err != nil {
+		return nil, err
+	}
 	g := &guard{
-		log: log, clk: clk, nft: nft,
-		table: fmt.Sprintf("%s%d_%d", guardTablePrefix, os.Getpid(), guardSeq.Add(1)-1),
+		log: log, clk: clk, nft: nft, pidNS: pidNS,
+		table: fmt.Sprintf("%s%d_%d_%d", guardTablePrefix, pidNS, os.Getpid(), guardSeq.Add(1)-1),
 		sem:   make(chan struct{}, 1),
 		holds: map[uint32]int{}, have: map[uint32]bool{},
 	}
@@ -165,7 +170,7 @@ func (g *guard) sweep(ctx context.Context) {
 		g.log.V(1).Info("Endpoint guard: tables not listed; leftovers of crashed processes stay", "err", err.Error())
 		return
 	}
-	for _, name := range staleGuardTables(out, pidAlive) {
+	for _, name := range staleGuardTables(out, g.pidNS, pidAlive) {
 		if err := g.run(ctx, "delete table inet "+name+"\n"); err != nil {
 			g.log.V(1).Info("Endpoint guard: leftover table not deleted", "table", name, "err", err.Error())
 			continue
@@ -175,20 +180,24 @@ func (g *guard) sweep(ctx context.Context) {
 }
 
 // staleGuardTables reads `nft list tables inet` and returns the guard
-// tables whose process is not alive.
-func staleGuardTables(list string, alive func(int) bool) []string {
+// tables (fiberd_<pidns>_<pid>_<n>) of PID namespace pidNS whose process
+// is not alive. A table of another PID namespace (a fiberd in a container
+// sharing the host's network) is never judged: its pid means nothing here.
+func staleGuardTables(list string, pidNS uint64, alive func(int) bool) []string {
 	var stale []string
 	for _, line := range strings.Split(list, "\n") {
 		f := strings.Fields(line)
 		if len(f) != 3 || f[0] != "table" || f[1] != "inet" || !strings.HasPrefix(f[2], guardTablePrefix) {
 			continue
 		}
-		pidS, seq, ok := strings.Cut(strings.TrimPrefix(f[2], guardTablePrefix), "_")
-		pid, err := strconv.Atoi(pidS)
-		if !ok || err != nil || pid <= 0 {
+		parts := strings.Split(strings.TrimPrefix(f[2], guardTablePrefix), "_")
+		if len(parts) != 3 {
 			continue
 		}
-		if _, err := strconv.ParseUint(seq, 10, 32); err != nil {
+		ns, err1 := strconv.ParseUint(parts[0], 10, 64)
+		pid, err2 := strconv.Atoi(parts[1])
+		_, err3 := strconv.ParseUint(parts[2], 10, 32)
+		if err1 != nil || err2 != nil || err3 != nil || pid <= 0 || ns != pidNS {
 			continue
 		}
 		if !alive(pid) {
@@ -196,6 +205,15 @@ func staleGuardTables(list string, alive func(int) bool) []string {
 		}
 	}
 	return stale
+}
+
+// pidNamespace is the inode of this process's PID namespace.
+func pidNamespace() (uint64, error) {
+	var st unix.Stat_t
+	if err := unix.Stat("/proc/self/ns/pid", &st); err != nil {
+		return 0, fmt.Errorf("reading fiberd's PID namespace (/proc/self/ns/pid), which names its nftables table: %w", err)
+	}
+	return st.Ino, nil
 }
 
 // pidAlive reports whether a process of that pid exists (in fiberd's PID

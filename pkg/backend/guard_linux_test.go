@@ -174,7 +174,7 @@ func TestGuardTables(t *testing.T) {
 	nft := b1.iso.guard.nft
 	// A leftover of a process that is gone: pid 2^22+1 is above the
 	// kernel's pid_max limit, so no process has it.
-	stale := fmt.Sprintf("%s%d_0", guardTablePrefix, 1<<22+1)
+	stale := fmt.Sprintf("%s%d_%d_0", guardTablePrefix, b1.iso.guard.pidNS, 1<<22+1)
 	if out, err := exec.Command(nft, "add", "table", "inet", stale).CombinedOutput(); err != nil {
 		t.Fatalf("nft add table: %v: %s", err, out)
 	}
@@ -238,10 +238,11 @@ func listTable(t *testing.T, nft, name string) string {
 }
 
 func TestStaleGuardTables(t *testing.T) {
-	list := "table inet filter\ntable inet fiberd_10_0\ntable inet fiberd_11_2\ntable ip fiberd_12_0\n" +
-		"table inet fiberd_x_0\ntable inet fiberd_13\ntable inet fiberd_14_0\n"
-	got := staleGuardTables(list, func(pid int) bool { return pid == 11 })
-	want := []string{"fiberd_10_0", "fiberd_14_0"}
+	list := "table inet filter\ntable inet fiberd_7_10_0\ntable inet fiberd_7_11_2\ntable ip fiberd_7_12_0\n" +
+		"table inet fiberd_7_x_0\ntable inet fiberd_7_13\ntable inet fiberd_7_14_0\ntable inet fiberd_8_15_0\n" +
+		"table inet fiberd_16_0\n"
+	got := staleGuardTables(list, 7, func(pid int) bool { return pid == 11 })
+	want := []string{"fiberd_7_10_0", "fiberd_7_14_0"}
 	if fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Errorf("staleGuardTables = %v, want %v", got, want)
 	}
