@@ -99,8 +99,9 @@ type guard struct {
 	have  map[uint32]bool // ids whose elements are in the table
 }
 
-// nftPath finds the nft command: on PATH, else where Debian puts it.
-func nftPath() (string, error) {
+// nftPath finds the nft command: on PATH, else where Debian puts it. A
+// variable for the tests of a host without it.
+var nftPath = func() (string, error) {
 	if p, err := exec.LookPath("nft"); err == nil {
 		return p, nil
 	}

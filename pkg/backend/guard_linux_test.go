@@ -1,6 +1,7 @@
 package backend
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -259,5 +260,19 @@ func TestGuardMark(t *testing.T) {
 			t.Fatalf("GuardMark(%#x) = GuardMark(%#x) = %#x", id, o, m)
 		}
 		seen[m] = id
+	}
+}
+
+// TestGuardWithoutNft: without nft the backend still starts and isolates,
+// and says the endpoints are not kept apart and how to fix it.
+func TestGuardWithoutNft(t *testing.T) {
+	saved := nftPath
+	nftPath = func() (string, error) { return "", errors.New("the nft command is not installed") }
+	t.Cleanup(func() { nftPath = saved })
+	for _, tier := range []core.Tier{core.TierWarm, core.TierBasic} {
+		s := isoBackend(t, tier).Isolation()
+		if s.Level != IsolationFiber || s.EndpointsApart || !strings.Contains(s.Missing, "not kept apart") || !strings.Contains(s.Missing, "install nftables") {
+			t.Errorf("%s without nft: %+v, want level fiber, EndpointsApart false, and Missing saying so and how to fix it", tier, s)
+		}
 	}
 }
