@@ -17,7 +17,8 @@
 #   - what a kubelet, containerd, runc and the CNI plugins keep in their default places (a node of
 #     hack/node-up.sh keeps its own under its directory; these are what they use whatever they are
 #     told, or what an older node-up.sh let them use), libmount's /run/mount when its utab is
-#     empty, and a node's bridge, nftables table and cgroup when nothing runs in them;
+#     empty, and a node's bridge, nftables table and cgroup when nothing runs in them, and the
+#     endpoint guard's nftables tables of fiberd processes that are gone;
 #   - the Debian packages that .ci/run and hack/criu.sh installed, as hack/lib/packages.sh recorded
 #     them (apt-get purge); a package the machine had before is never in the record. Packages those
 #     scripts use that are installed without a record (an install from before the record existed)
@@ -89,6 +90,15 @@ if ip link show fiberd0 >/dev/null 2>&1; then run ip link delete fiberd0; fi
 if command -v nft >/dev/null; then
 	for fam in ip ip6; do
 		if nft list table "$fam" kube-proxy >/dev/null 2>&1; then run nft delete table "$fam" kube-proxy; fi
+	done
+	# The endpoint guard's tables (inet fiberd_<pid namespace>_<pid>_<n>) of processes of this PID
+	# namespace that are gone; a live backend's is its own (fiberd deletes a dead one's at its next
+	# start too), and another PID namespace's pids mean nothing here.
+	pidns=$(stat -L -c %i /proc/self/ns/pid)
+	for t in $(nft list tables inet 2>/dev/null | awk -v ns="$pidns" '$1 == "table" && $3 ~ ("^fiberd_" ns "_[0-9]+_[0-9]+$") {print $3}'); do
+		pid=${t#fiberd_"$pidns"_}
+		pid=${pid%%_*}
+		if ! kill -0 "$pid" 2>/dev/null; then run nft delete table inet "$t"; fi
 	done
 fi
 for h in $(awk '$3 == "cgroup" || $3 == "cgroup2" {print $2}' /proc/self/mounts); do

@@ -460,6 +460,9 @@ func printIsolation(w io.Writer, s api.Status) {
 		if ti.NetworkNone {
 			l += " (network none)"
 		}
+		if ti.EndpointsApart {
+			l += " (endpoints apart)"
+		}
 		levels = append(levels, l)
 		if ti.Missing != "" && !slices.Contains(missing, ti.Missing) {
 			missing = append(missing, ti.Missing)

@@ -101,7 +101,7 @@ func testStatus() api.Status {
 		Checkpoint: api.Checkpoint{Available: true},
 		Isolation: []api.TierIsolation{
 			{Tier: core.TierWarm, Level: "grant", Missing: "a zygote cannot give each fiber namespaces"},
-			{Tier: core.TierBasic, Level: "fiber", NetworkNone: true},
+			{Tier: core.TierBasic, Level: "fiber", NetworkNone: true, EndpointsApart: true},
 		},
 		MinIsolation: "grant",
 		Limits:       &api.Limits{Cgroups: true, FiberPidsMax: 4096, Missing: []string{"memory", "cpu"}},
@@ -249,7 +249,7 @@ func TestStatus(t *testing.T) {
 	for _, want := range []string{"home standalone  epoch 2  lane healthy (last sync 3s ago)  ready true",
 		"GRANT", "g1", "counter-c", "WARM", "1/64", "1h0m0s", "g1/2/5", "session s1",
 		"checkpoint: available", "parked:\n  g1/2/4  session s0  image 16.0 MiB  by api  1m0s ago",
-		"isolation WARM grant, BASIC fiber (network none)  at least grant (less is TIER_GAP)",
+		"isolation WARM grant, BASIC fiber (network none) (endpoints apart)  at least grant (less is TIER_GAP)",
 		"  less than asked: a zygote cannot give each fiber namespaces", "ISOLATION", "g1/2/6  tcp://127.0.0.1:20006  isolation none",
 		"limits: pids.max 4096 a fiber, W budgets measured\n  missing cgroup controllers: memory, cpu",
 		"SPARES", "7/8", "spares of g1: 7 ready of 8 wanted (fibers.warm 8), 12 Clones handed over, holding 3.0 MiB"} {

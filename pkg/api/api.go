@@ -261,9 +261,13 @@ type TierIsolation struct {
 	// NetworkNone says a template asking for "network": "none" can be
 	// served at Tier.
 	NetworkNone bool `json:"networkNone"`
+	// EndpointsApart says a fiber of one isolated grant cannot connect to
+	// another grant's fibers' TCP endpoints (the endpoint guard, which
+	// needs nftables).
+	EndpointsApart bool `json:"endpointsApart"`
 	// Missing says what keeps Level below what fiberd was asked for
-	// (-isolation), or NetworkNone false, and how to fix it; empty when
-	// nothing is missing.
+	// (-isolation), or NetworkNone or EndpointsApart false, and how to
+	// fix it; empty when nothing is missing.
 	Missing string `json:"missing,omitempty"`
 }
 

@@ -324,6 +324,12 @@ type Config struct {
 	// more of the host's memory than that per directory. Default
 	// DefaultScratchSize. Unused without isolation.
 	ScratchSize int64
+	// NoEndpointGuard turns the endpoint guard off: isolated grants' TCP
+	// listeners are not marked and no nftables table is made, so a fiber
+	// of one grant can connect to another grant's fiber's endpoint
+	// (Isolation().EndpointsApart is false and Missing says so). For the
+	// tests' controls and the benchmarks' pairs; fiberd never sets it.
+	NoEndpointGuard bool
 }
 
 // DefaultScratchSize is Config.ScratchSize's default: 256 MiB.

@@ -307,7 +307,7 @@ func parkFacts(cr *criu, z *zygote, f *fiber, req ParkRequest) (fiberFacts, erro
 // made anew) and returns how long criu took. criu kills the fiber once its
 // image is written; when criu fails the fiber runs on. The error then is
 // dumpFailure's, or ctx's when ctx ended.
-func (p *Proc) dump(ctx context.Context, cr *criu, z *zygote, f *fiber, m fiberFacts, tmp string) (time.Duration, error) {
+func (p *Proc) dump(ctx context.Context, cr *criu, z *zygote, f *fiber, m fiberFacts, tmp string) (_ time.Duration, err error) {
 	if err := os.RemoveAll(tmp); err != nil {
 		return 0, err
 	}
@@ -348,6 +348,13 @@ func (p *Proc) dump(ctx context.Context, cr *criu, z *zygote, f *fiber, m fiberF
 	// leaf: what it forks during the dump has no parent-death signal, and
 	// a crash of fiberd would leave it; the next start ends the session.
 	cmd.SysProcAttr.Setsid = true
+	if z.guarded && m.UserNS && m.Network != "unix" {
+		remark, uerr := unmarkForDump(f, z)
+		if uerr != nil {
+			return 0, uerr
+		}
+		defer func() { remark(err == nil) }()
+	}
 	if out, rerr := runRecorded(cmd, z.recs, p.cfg.KillTimeout); rerr != nil {
 		if ctx.Err() != nil {
 			return 0, fmt.Errorf("criu dump: %w", ctx.Err())
@@ -355,6 +362,50 @@ func (p *Proc) dump(ctx context.Context, cr *criu, z *zygote, f *fiber, m fiberF
 		return 0, dumpFailure(rerr, out, tmp, f.pid, m.manifest)
 	}
 	return p.cfg.Clock.Since(start), nil
+}
+
+// unmarkForDump clears the endpoint guard's mark of the fiber's listener
+// (descriptor 3) for criu dump, and returns what sets it again should the
+// fiber run on. criu 4.2 dumps a socket's mark when it is not 0 and
+// restores it from inside the fiber's user namespace, which may not set
+// one (EPERM: CAP_NET_ADMIN over the host's network), so the image must
+// hold none; criu's pre-resume hook marks the restored listener before the
+// fiber runs (criuhook_linux.go). While criu dumps, the fiber is frozen,
+// and a connection another grant's fiber opens meanwhile waits unaccepted:
+// criu's --skip-in-flight drops it from the image, and the fiber's end
+// resets it; only a failed dump leaves it queued for the fiber. remark
+// closes fiberd's copy of the listener, and marks it again first when the
+// dump failed.
+func unmarkForDump(f *fiber, z *zygote) (remark func(dumped bool), err error) {
+	parent := z.proc.Pid
+	if f.ck.resumed {
+		parent = os.Getpid()
+	}
+	pidfd, _, err := fiberPidfd(f.pid, parent)
+	if err != nil {
+		return nil, fmt.Errorf("%v: %w", err, core.ErrNotFound)
+	}
+	fd, err := unix.PidfdGetfd(pidfd, 3, 0)
+	if err == nil {
+		if err = unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_MARK, 0); err != nil {
+			_ = unix.Close(fd)
+		}
+	}
+	if err != nil {
+		_ = unix.Close(pidfd)
+		return nil, fmt.Errorf("clearing the mark of the fiber's listener for criu: %w", err)
+	}
+	return func(dumped bool) {
+		defer unix.Close(pidfd)
+		defer unix.Close(fd)
+		if dumped {
+			return
+		}
+		if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_MARK, int(GuardMark(z.id))); err != nil {
+			z.p.log.Error(err, "Endpoint guard: the listener of a fiber criu could not park is not marked again; ending the fiber", "pid", f.pid)
+			_ = unix.PidfdSendSignal(pidfd, unix.SIGKILL, nil, 0)
+		}
+	}, nil
 }
 
 // dumpFailure explains a failed criu dump of the fiber at pid into tmp,
@@ -616,6 +667,15 @@ func (p *Proc) Resume(ctx context.Context, req ResumeRequest) (res Resumed, err 
 	if err != nil {
 		return Resumed{}, wrap(err)
 	}
+	if lst != nil && z.guarded {
+		// The hook marked it already; this only checks, and marks a
+		// fiber restored without the hook.
+		if err := markListener(lst, z.id); err != nil {
+			_ = lst.Close()
+			p.discard(f)
+			return Resumed{}, wrap(err)
+		}
+	}
 	if err := p.publishResumed(z, f, lst); err != nil {
 		return Resumed{}, wrap(err)
 	}
@@ -727,6 +787,11 @@ func prepareRestore(cr *criu, z *zygote, req ResumeRequest, m manifest) (*restor
 		if err := rs.restoreIsolated(z.p, req.Image, m); err != nil {
 			rs.release(z.p)
 			return nil, err
+		}
+		if z.guarded && m.Network != "unix" {
+			// The hook marks the listener criu bound before the fiber
+			// runs (the image holds no mark: see unmarkForDump).
+			rs.relock.mark = GuardMark(z.id)
 		}
 	}
 	return rs, nil

@@ -52,6 +52,11 @@ type relockHook struct {
 	served      bool       // serve was started; set before it is
 	once        sync.Once
 	err         error
+	// mark, when not 0, is the endpoint guard's mark serve gives the
+	// restored fiber's listener (descriptor 3) before the fiber runs:
+	// criu cannot restore it from inside the fiber's user namespace (see
+	// unmarkForDump). Set before serve starts.
+	mark uint32
 }
 
 // writeRelockHook writes the action script and makes the FIFOs in the
@@ -113,9 +118,12 @@ func (h *relockHook) serve(deadline time.Time) {
 	if err == nil {
 		err = relockOnThread(pid)
 	}
+	if err == nil && h.mark != 0 {
+		err = markRestored(pid, h.mark)
+	}
 	answer := "ok\n"
 	if err != nil {
-		err = fmt.Errorf("making the restored fiber's mounts read-only again: %w", err)
+		err = fmt.Errorf("making the restored fiber's mounts read-only again, or marking its listener: %w", err)
 		if pid > 0 {
 			_ = unix.Kill(pid, unix.SIGKILL)
 		}
@@ -175,6 +183,25 @@ func relockMounts(pid int) error {
 		if err != nil && !errors.Is(err, syscall.ENOENT) && !errors.Is(err, syscall.EINVAL) {
 			return fmt.Errorf("%s writable: %w", d, err)
 		}
+	}
+	return nil
+}
+
+// markRestored gives the listener (descriptor 3) of the restored fiber at
+// pid, which criu has not let run yet, the endpoint guard's mark.
+func markRestored(pid int, mark uint32) error {
+	pidfd, err := unix.PidfdOpen(pid, 0)
+	if err != nil {
+		return fmt.Errorf("pidfd_open %d: %w", pid, err)
+	}
+	defer unix.Close(pidfd)
+	fd, err := unix.PidfdGetfd(pidfd, 3, 0)
+	if err != nil {
+		return fmt.Errorf("pidfd_getfd of the listener: %w", err)
+	}
+	defer unix.Close(fd)
+	if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_MARK, int(mark)); err != nil {
+		return fmt.Errorf("SO_MARK on the listener: %w", err)
 	}
 	return nil
 }

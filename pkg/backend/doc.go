@@ -86,6 +86,14 @@
 // mount namespace built once by the backend and copied for the grant, so
 // the kernel locks them. See isolate_linux.go and nsinit_linux.go.
 //
+// Isolated grants share the host's network (but with "network": "none"),
+// so the endpoint guard keeps their fibers' TCP endpoints apart: each
+// isolated fiber's listener is marked (SO_MARK, GuardMark) at Clone and
+// Resume, and an nftables table of the backend's refuses a new connection
+// from one grant's uid to another grant's marked listener. Without nft,
+// Isolation().EndpointsApart is false and Missing says so. See
+// guard_linux.go.
+//
 // The PID namespaces, for whoever walks or checkpoints them (CRIU): at
 // IsolationGrant and above the zygote is PID 1 of the grant's namespace,
 // a child of fiberd's; at IsolationFiber each fiber of a zygote is PID 1 of

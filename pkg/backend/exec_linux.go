@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"reflect"
 	"sync"
+	"sync/atomic"
 	"syscall"
 
 	"fiberd.io/fiberd/pkg/cgroup"
@@ -69,6 +70,9 @@ type execGrant struct {
 	home    *os.File
 	cgroup  string // the grant's cgroup, shown to its fibers
 	scratch int64  // the size of each of a fiber's scratch tmpfs mounts
+	// guarded says the endpoint guard holds the grant's elements (from
+	// the end of Warm until Stop): its fibers' listeners are marked.
+	guarded atomic.Bool
 
 	inflight sync.WaitGroup // Clones between their check and their registration
 
@@ -126,10 +130,31 @@ func (e *Exec) Warm(ctx context.Context, req WarmRequest) error {
 	if level == IsolationGrant {
 		level = IsolationFiber
 	}
+	g, err := e.warmLocked(req, level)
+	if err != nil || g == nil {
+		return err
+	}
+	// The grant's elements go into the guard's table with e.mu released
+	// (nft is a process); the agent clones only once Warm returned.
+	if guard := e.iso.guard; guard != nil && level != IsolationNone {
+		if err := guard.add(ctx, g.id); err != nil {
+			_ = e.Stop(ctx, uid)
+			return fmt.Errorf("grant %q: warm: %w", uid, err)
+		}
+		g.guarded.Store(true)
+	}
+	e.log.Info("Template ready for cold starts", "grant", uid, "command", g.path)
+	return nil
+}
+
+// warmLocked is Warm's part under e.mu: it returns the grant it made, or
+// nil when the grant was warm already.
+func (e *Exec) warmLocked(req WarmRequest, level Isolation) (*execGrant, error) {
+	uid := req.Grant.UID
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.closed {
-		return fmt.Errorf("grant %q: %w", uid, errClosed)
+		return nil, fmt.Errorf("grant %q: %w", uid, errClosed)
 	}
 	if g := e.grants[uid]; g != nil {
 		g.mu.Lock()
@@ -137,15 +162,15 @@ func (e *Exec) Warm(ctx context.Context, req WarmRequest) error {
 		g.mu.Unlock()
 		switch {
 		case stopping:
-			return fmt.Errorf("grant %q: still stopping; warm it again once Stop returns: %w", uid, ErrCold)
+			return nil, fmt.Errorf("grant %q: still stopping; warm it again once Stop returns: %w", uid, ErrCold)
 		case !reflect.DeepEqual(g.spec, req.Spec):
-			return fmt.Errorf("grant %q: already warm with another template spec; Stop it first: %w", uid, core.ErrInvalid)
+			return nil, fmt.Errorf("grant %q: already warm with another template spec; Stop it first: %w", uid, core.ErrInvalid)
 		}
-		return nil
+		return nil, nil
 	}
 	path, lp, err := e.prepare(req, "fibers.log")
 	if err != nil {
-		return fmt.Errorf("grant %q: warm: %w", uid, err)
+		return nil, fmt.Errorf("grant %q: warm: %w", uid, err)
 	}
 	g := &execGrant{
 		uid: uid, spec: req.Spec, path: path,
@@ -157,14 +182,13 @@ func (e *Exec) Warm(ctx context.Context, req WarmRequest) error {
 	if level != IsolationNone {
 		if err := e.isolate(g, req); err != nil {
 			_ = lp.abort()
-			return fmt.Errorf("grant %q: warm: %w", uid, err)
+			return nil, fmt.Errorf("grant %q: warm: %w", uid, err)
 		}
 	}
 	e.wg.Add(1)
 	go func() { defer e.wg.Done(); lp.copy() }()
 	e.grants[uid] = g
-	e.log.Info("Template ready for cold starts", "grant", uid, "command", path)
-	return nil
+	return g, nil
 }
 
 // isolate gives g its user, opens its command and makes its home
@@ -222,6 +246,11 @@ func (e *Exec) Clone(ctx context.Context, req CloneRequest) (Fiber, error) {
 	defer release()
 	if err := ctx.Err(); err != nil {
 		return Fiber{}, fmt.Errorf("fiber %s: clone: %w", fs, err)
+	}
+	if g.guarded.Load() {
+		if err := markListener(req.Listener, g.id); err != nil {
+			return Fiber{}, fmt.Errorf("fiber %s: %w", fs, err)
+		}
 	}
 	cmd, err := e.startFiber(ctx, g, req)
 	if err != nil {
@@ -430,6 +459,9 @@ func (e *Exec) stop(ctx context.Context, g *execGrant) error {
 	}
 	// Every fiber is gone: close the log pipe and let the copier drain.
 	g.out.drain(ctx, e.cfg.Clock)
+	if g.guarded.Swap(false) {
+		e.iso.guard.remove(g.id)
+	}
 	if g.level != IsolationNone {
 		g.release(e.cfg.IDs)
 	}

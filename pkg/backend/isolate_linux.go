@@ -79,6 +79,10 @@ type sandbox struct {
 	// (CheckpointIsolated), when the spawner could not make its covers
 	// binds of isolationDir/empty; set before the spawner serves.
 	noPark error
+	// guard keeps the grants' TCP endpoints apart (guard_linux.go); nil
+	// when the level is none or the host has no nftables
+	// (support.EndpointsApart false then).
+	guard *guard
 
 	reqs chan func()   // run on the spawner thread
 	quit chan struct{} // closed by close
@@ -106,15 +110,22 @@ func newSandbox(cfg Config, log logr.Logger, perFiber bool) *sandbox {
 		s.support = s.probe(cfg.Clock, cfg.WarmTimeout, want, perFiber)
 		if s.support.Level == IsolationNone {
 			s.close()
+		} else if cfg.NoEndpointGuard {
+			s.support.addMissing("endpoints of different grants are not kept apart (the endpoint guard is off: Config.NoEndpointGuard)")
+		} else if g, err := newGuard(cfg.Clock, log); err != nil {
+			s.support.addMissing("endpoints of different grants are not kept apart: " + err.Error())
+		} else {
+			s.guard = g
+			s.support.EndpointsApart = true
 		}
 	}
 	// The agent says in one line at start what each backend gives (and
 	// a library caller reads Isolation); the backend's own line is V(1).
-	if !s.support.Level.AtLeast(want) || !s.support.NetworkNone {
+	if !s.support.Level.AtLeast(want) || !s.support.NetworkNone || !s.support.EndpointsApart {
 		log.V(1).Info("Isolation is less than asked", "asked", want.String(), "level", s.support.Level.String(),
-			"networkNone", s.support.NetworkNone, "missing", s.support.Missing)
+			"networkNone", s.support.NetworkNone, "endpointsApart", s.support.EndpointsApart, "missing", s.support.Missing)
 	} else {
-		log.V(1).Info("Isolation", "level", s.support.Level.String(), "networkNone", true)
+		log.V(1).Info("Isolation", "level", s.support.Level.String(), "networkNone", true, "endpointsApart", true)
 	}
 	return s
 }
@@ -318,6 +329,9 @@ func (s *sandbox) start(cmd *exec.Cmd, cgroupDir string) error {
 // close ends the spawner. The backend calls it from Close, once every
 // process it started is gone.
 func (s *sandbox) close() {
+	if s.guard != nil {
+		s.guard.close()
+	}
 	if s.quit == nil {
 		return
 	}

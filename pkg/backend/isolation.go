@@ -85,10 +85,25 @@ type IsolationSupport struct {
 	// NetworkNone says a template with "network": "none" can be warmed;
 	// when false such a template is refused with core.ErrTierGap.
 	NetworkNone bool
+	// EndpointsApart says the TCP endpoints of isolated grants are kept
+	// apart: a fiber of one grant cannot connect to another grant's
+	// fiber's listener (the endpoint guard: SO_MARK and an nftables table,
+	// design decision 102). False at IsolationNone, and where nft or
+	// nf_tables is missing.
+	EndpointsApart bool
 	// Missing says in one sentence what keeps Level below
-	// Config.Isolation, or NetworkNone false, and how to fix it. Empty
-	// when nothing is missing.
+	// Config.Isolation, or NetworkNone or EndpointsApart false, and how
+	// to fix it. Empty when nothing is missing.
 	Missing string
+}
+
+// addMissing adds a sentence to Missing.
+func (s *IsolationSupport) addMissing(why string) {
+	if s.Missing == "" {
+		s.Missing = why
+		return
+	}
+	s.Missing += "; " + why
 }
 
 // The default range of ids grants run as: 65536 ids from 1879048192

@@ -81,6 +81,9 @@ type zygote struct {
 	// (held in the pool from start until wait has torn down).
 	level Isolation
 	id    uint32
+	// guarded says the endpoint guard holds the grant's elements (from
+	// start until wait has torn down): its fibers' listeners are marked.
+	guarded bool
 	// ext are the files criu takes as external when it parks a fiber of
 	// an isolated zygote: its home, its command (externalOf).
 	ext []externalFile
@@ -291,6 +294,9 @@ func (z *zygote) start(ctx context.Context, req WarmRequest) (err error) {
 	launched := false
 	defer func() {
 		if err != nil && !launched {
+			if z.guarded {
+				p.iso.guard.remove(z.id)
+			}
 			if z.level != IsolationNone {
 				p.cfg.IDs.release(z.uid)
 			}
@@ -309,6 +315,12 @@ func (z *zygote) start(ctx context.Context, req WarmRequest) (err error) {
 	if z.level != IsolationNone {
 		if z.id, err = p.cfg.IDs.acquire(z.uid); err != nil {
 			return fmt.Errorf("grant %q: warm: %w", z.uid, err)
+		}
+		if g := p.iso.guard; g != nil {
+			if err := g.add(ctx, z.id); err != nil {
+				return fmt.Errorf("grant %q: warm: %w", z.uid, err)
+			}
+			z.guarded = true
 		}
 	}
 	status, err := z.launch(req, &undo)
@@ -905,6 +917,9 @@ func (z *zygote) wait() {
 	} else {
 		p.log.Info("Zygote stopped", "grant", z.uid, "fibers", len(fibers))
 	}
+	if z.guarded {
+		p.iso.guard.remove(z.id)
+	}
 	if z.level != IsolationNone {
 		p.cfg.IDs.release(z.uid)
 	}
@@ -930,6 +945,14 @@ func (p *Proc) Clone(ctx context.Context, req CloneRequest) (Fiber, error) {
 	if err != nil {
 		z.mu.Unlock()
 		return Fiber{}, wrap(err)
+	}
+	if z.guarded {
+		// One setsockopt, before any process has the listener.
+		if err := markListener(req.Listener, z.id); err != nil {
+			z.unreserveLocked(pc)
+			z.mu.Unlock()
+			return Fiber{}, wrap(err)
+		}
 	}
 	sp := z.popSpareLocked()
 	var arriving chan struct{}

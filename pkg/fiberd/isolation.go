@@ -27,13 +27,14 @@ func (a *Agent) logIsolation() {
 		asked   bool // some backend was asked for isolation
 		less    bool // some backend gives less than asked
 	)
-	network := true
+	network, apart := true, true
 	for _, b := range a.backends() {
 		s := b.Isolation()
 		kv = append(kv, strings.ToLower(string(b.Tier())), s.Level.String())
 		if s.Level != backend.IsolationNone || s.Missing != "" {
 			asked = true
 			network = network && s.NetworkNone
+			apart = apart && s.EndpointsApart
 		}
 		if s.Missing != "" {
 			less = true
@@ -53,10 +54,10 @@ func (a *Agent) logIsolation() {
 	}
 	switch {
 	case less:
-		kv = append(kv, "networkNone", network, "missing", strings.Join(missing, "; "))
+		kv = append(kv, "networkNone", network, "endpointsApart", apart, "missing", strings.Join(missing, "; "))
 		a.log.Info("Isolation is less than asked", kv...)
 	case asked:
-		kv = append(kv, "networkNone", network)
+		kv = append(kv, "networkNone", network, "endpointsApart", apart)
 		a.log.Info("Isolation", kv...)
 	default:
 		a.log.Info("Isolation is off: fibers run as fiberd's user, in its namespaces", kv...)
@@ -94,7 +95,7 @@ func (a *Agent) isolationStatus() []api.TierIsolation {
 	var out []api.TierIsolation
 	for _, b := range a.backends() {
 		s := b.Isolation()
-		out = append(out, api.TierIsolation{Tier: b.Tier(), Level: s.Level.String(), NetworkNone: s.NetworkNone, Missing: s.Missing})
+		out = append(out, api.TierIsolation{Tier: b.Tier(), Level: s.Level.String(), NetworkNone: s.NetworkNone, EndpointsApart: s.EndpointsApart, Missing: s.Missing})
 	}
 	return out
 }

@@ -28,8 +28,10 @@ func withIsolation(warm, basic backend.IsolationSupport) envOption {
 }
 
 var (
-	fullIsolation = backend.IsolationSupport{Level: backend.IsolationFiber, NetworkNone: true}
-	noPrivilege   = backend.IsolationSupport{Level: backend.IsolationNone, Missing: "fiberd runs without CAP_SYS_ADMIN"}
+	fullIsolation = backend.IsolationSupport{Level: backend.IsolationFiber, NetworkNone: true, EndpointsApart: true}
+	noNftables    = backend.IsolationSupport{Level: backend.IsolationFiber, NetworkNone: true,
+		Missing: "endpoints of different grants are not kept apart: the nft command is not installed: install nftables"}
+	noPrivilege = backend.IsolationSupport{Level: backend.IsolationNone, Missing: "fiberd runs without CAP_SYS_ADMIN"}
 )
 
 // TestIsolationInStatus: the status says what each tier isolates, and the
@@ -45,7 +47,7 @@ func TestIsolationInStatus(t *testing.T) {
 	}
 	st := e.status()
 	want := []api.TierIsolation{
-		{Tier: core.TierWarm, Level: "fiber", NetworkNone: true},
+		{Tier: core.TierWarm, Level: "fiber", NetworkNone: true, EndpointsApart: true},
 		{Tier: core.TierBasic, Level: "grant", Missing: "the probe said so"},
 	}
 	if len(st.Isolation) != 2 || st.Isolation[0] != want[0] || st.Isolation[1] != want[1] {
@@ -150,7 +152,9 @@ func TestIsolationLogLine(t *testing.T) {
 		{"off", backend.IsolationSupport{Level: backend.IsolationNone}, backend.IsolationSupport{Level: backend.IsolationNone}, "",
 			[]string{`"Isolation is off`, `"warm"="none"`, `"basic"="none"`}},
 		{"full", fullIsolation, fullIsolation, backend.IsolationFiber,
-			[]string{`"Isolation"`, `"warm"="fiber"`, `"basic"="fiber"`, `"networkNone"=true`, `"minIsolation"="fiber"`}},
+			[]string{`"Isolation"`, `"warm"="fiber"`, `"basic"="fiber"`, `"networkNone"=true`, `"endpointsApart"=true`, `"minIsolation"="fiber"`}},
+		{"no nftables", noNftables, noNftables, backend.IsolationFiber,
+			[]string{`"Isolation is less than asked"`, `"endpointsApart"=false`, `install nftables`}},
 		{"degraded", noPrivilege, noPrivilege, backend.IsolationGrant,
 			[]string{`"Isolation is less than asked"`, `"warm"="none"`, `"missing"="fiberd runs without CAP_SYS_ADMIN"`, `"refusedTiers"="WARM,BASIC"`}},
 	} {

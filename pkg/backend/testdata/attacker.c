@@ -24,7 +24,7 @@
  *   write    create /tmp/fiberd-attack-<tag>-planted
  *   socket   connect to every unix socket path
  *   dir      open every directory
- *   tcp      connect to every address
+ *   tcp      connect to every address (giving up after 3 s)
  *   shared   create <dir>/fiberd-attack-<tag>-shared in every directory of
  *            shared=DIR,.. (world-writable places of the host)
  * and with fill=DIR:BYTES,.. writes up to BYTES into
@@ -58,6 +58,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/time.h>
 #include <sys/un.h>
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -302,6 +303,10 @@ static void attack(struct out *o, char *query)
 		struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)atoi(colon + 1))};
 		inet_pton(AF_INET, host, &sa.sin_addr);
 		int s = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+		/* A dropped SYN would keep connect waiting for minutes: give up
+		 * after 3 s (ETIMEDOUT... EINPROGRESS) and call it blocked. */
+		struct timeval tv = {.tv_sec = 3};
+		setsockopt(s, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
 		errno = 0;
 		r = connect(s, (struct sockaddr *)&sa, sizeof(sa));
 		verdict(o, "tcp", tcps[i], r == 0, errno);
