@@ -12,8 +12,11 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 
 	"fiberd.io/fiberd/internal/repotest"
+	"fiberd.io/fiberd/pkg/endpoint"
+	"fiberd.io/fiberd/pkg/fiberd"
 	"fiberd.io/fiberd/pkg/template"
 )
 
@@ -92,6 +95,32 @@ func TestManifestsAgree(t *testing.T) {
 	}
 	if len(c.Ports) != 1 || !strings.HasSuffix(args["-listen"], ":"+strconv.Itoa(int(c.Ports[0].ContainerPort))) {
 		t.Errorf("grant-pod.yaml ports %+v do not match -listen %q", c.Ports, args["-listen"])
+	}
+
+	// The NetworkPolicy selects the grant Pod, admits callers to its API
+	// port and clients to fiberd's endpoint ports (its default
+	// -port-range, which the Pod keeps).
+	np := manifest(t, "networkpolicy.yaml")[0].(*networkingv1.NetworkPolicy)
+	for k, v := range np.Spec.PodSelector.MatchLabels {
+		if pod.Labels[k] != v {
+			t.Errorf("networkpolicy.yaml selects %s=%s; grant-pod.yaml has %q", k, v, pod.Labels[k])
+		}
+	}
+	if _, set := args["-port-range"]; set {
+		t.Errorf("grant-pod.yaml sets -port-range %q: networkpolicy.yaml admits the default's", args["-port-range"])
+	}
+	pr, err := endpoint.ParsePortRange(fiberd.DefaultPortRange)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(np.Spec.Ingress) != 2 || len(np.Spec.Ingress[0].Ports) != 1 || len(np.Spec.Ingress[1].Ports) != 1 {
+		t.Fatalf("networkpolicy.yaml ingress %+v: want one rule for the API and one for the endpoints", np.Spec.Ingress)
+	}
+	if p := np.Spec.Ingress[0].Ports[0]; p.Port == nil || p.Port.IntValue() != int(c.Ports[0].ContainerPort) {
+		t.Errorf("networkpolicy.yaml admits callers at %v; the API is at %d", p.Port, c.Ports[0].ContainerPort)
+	}
+	if p := np.Spec.Ingress[1].Ports[0]; p.Port == nil || p.EndPort == nil || p.Port.IntValue() != pr.First || int(*p.EndPort) != pr.Last {
+		t.Errorf("networkpolicy.yaml admits clients at %v-%v; fiberd's endpoints are %s", p.Port, p.EndPort, pr)
 	}
 
 	// The issuer serves at the URL the Pod names.

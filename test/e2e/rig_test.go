@@ -31,6 +31,7 @@ import (
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -206,6 +207,9 @@ func apply(t testing.TB, env *kubeapi.Env, objs []runtime.Object, p placement) [
 		case *appsv1.Deployment:
 			x.Namespace = p.ns(x.Namespace)
 			_, err = a.AppsV1().Deployments(x.Namespace).Create(ctx, x, metav1.CreateOptions{})
+		case *networkingv1.NetworkPolicy:
+			x.Namespace = p.ns(x.Namespace)
+			_, err = a.NetworkingV1().NetworkPolicies(x.Namespace).Create(ctx, x, metav1.CreateOptions{})
 		case *rbacv1.Role:
 			x.Namespace = p.ns(x.Namespace)
 			_, err = a.RbacV1().Roles(x.Namespace).Create(ctx, x, metav1.CreateOptions{})
@@ -522,6 +526,10 @@ func newRig(t *testing.T, o rigOpts) *rig {
 	r.dir = dir
 	r.issuerURL = fmt.Sprintf("https://127.0.0.1:%d", freePort(t))
 	r.tplRef = writeTemplate(t, filepath.Join(dir, "templates"), python)
+
+	// The grant Pods' NetworkPolicy: the API server takes it as written
+	// (nothing here enforces it).
+	apply(t, r.env, manifest(t, "networkpolicy.yaml"), placement{namespace: r.env.Namespace, suffix: r.env.Namespace})
 
 	// fiberd's ServiceAccount and RBAC (rbac.yaml), in the Pod's namespace.
 	apply(t, r.env, manifest(t, "rbac.yaml"), placement{
