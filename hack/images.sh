@@ -70,7 +70,7 @@ image() {
 rm -f "$OUT/digests.txt.partial"
 image pause fiberd.local/pause:3.10 -base -entrypoint /pause /pause="$B/pause"
 image fiberd fiberd.local/fiberd:dev -base -user 65532:65532 -entrypoint /usr/local/bin/fiberd \
-	-dir /var/lib/fiberd -caps /usr/local/bin/fiberd-caps=sys_admin,setuid,setgid,chown,fowner,dac_read_search \
+	-dir /var/lib/fiberd -caps /usr/local/bin/fiberd-caps=sys_admin,setuid,setgid,chown \
 	/usr/local/bin/fiberd="$B/fiberd" \
 	/usr/local/bin/fiberd-caps="$B/fiberd" \
 	/usr/local/bin/fiberctl="$B/fiberctl" \

@@ -141,7 +141,7 @@ func privilegeMissing() string {
 	for _, c := range []struct {
 		bit  uint
 		name string
-	}{{unix.CAP_SYS_ADMIN, "CAP_SYS_ADMIN"}, {unix.CAP_SETUID, "CAP_SETUID"}, {unix.CAP_SETGID, "CAP_SETGID"}} {
+	}{{unix.CAP_SYS_ADMIN, "CAP_SYS_ADMIN"}, {unix.CAP_SETUID, "CAP_SETUID"}, {unix.CAP_SETGID, "CAP_SETGID"}, {unix.CAP_CHOWN, "CAP_CHOWN"}} {
 		if eff&(1<<c.bit) == 0 {
 			lack = append(lack, c.name)
 		}
@@ -549,28 +549,55 @@ func (s *sandbox) grantLevel(req WarmRequest) (Isolation, error) {
 	return level, nil
 }
 
-// homeDir makes RunDir/home owned by the grant's id (0700) and opens it.
-// RunDir itself is fiberd's (0700), so the template cannot reach anything
-// else in it, and nothing it does inside home misleads fiberd.
+// homeDir makes RunDir/home owned by the grant's id (0700) and opens it
+// (O_PATH: nsinit changes into it, and fiberd reads nothing in it). RunDir
+// itself is fiberd's (0700), so the template cannot reach anything else in
+// it, and nothing it does inside home misleads fiberd. A home its grant
+// already owns, 0700 (fiberd restarted), is taken as it is; any other is
+// made 0700 while it is fiberd's and then given away, which needs only
+// CAP_CHOWN of a fiberd that is not root (a grant Pod): not CAP_FOWNER,
+// nor CAP_DAC_READ_SEARCH to open a home that is no longer fiberd's.
 func homeDir(runDir string, id uint32) (*os.File, error) {
 	home := filepath.Join(runDir, "home")
 	if err := os.Mkdir(home, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
 		return nil, fmt.Errorf("home directory: %w", err)
 	}
-	fd, err := unix.Open(home, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	fd, err := unix.Open(home, unix.O_PATH|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return nil, fmt.Errorf("home directory %s: %w", home, err)
 	}
 	f := os.NewFile(uintptr(fd), home)
-	if err := unix.Fchown(fd, int(id), int(id)); err != nil {
+	if err := giveHome(fd, id); err != nil {
 		f.Close()
-		return nil, fmt.Errorf("home directory %s: chown: %w", home, err)
-	}
-	if err := unix.Fchmod(fd, 0o700); err != nil {
-		f.Close()
-		return nil, fmt.Errorf("home directory %s: chmod: %w", home, err)
+		return nil, fmt.Errorf("home directory %s: %w", home, err)
 	}
 	return f, nil
+}
+
+// giveHome makes the directory open on fd (O_PATH) the grant's: mode 0700,
+// owned by id. A chmod through an O_PATH descriptor goes by its
+// /proc/self/fd link.
+func giveHome(fd int, id uint32) error {
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return err
+	}
+	if st.Uid == id && st.Gid == id && st.Mode&0o7777 == 0o700 {
+		return nil
+	}
+	if int(st.Uid) != os.Geteuid() {
+		// Another's (a home given away with another mode): take it back.
+		if err := unix.Fchownat(fd, "", os.Geteuid(), os.Getegid(), unix.AT_EMPTY_PATH); err != nil {
+			return fmt.Errorf("chown to fiberd: %w", err)
+		}
+	}
+	if err := unix.Chmod("/proc/self/fd/"+strconv.Itoa(fd), 0o700); err != nil {
+		return fmt.Errorf("chmod: %w", err)
+	}
+	if err := unix.Fchownat(fd, "", int(id), int(id), unix.AT_EMPTY_PATH); err != nil {
+		return fmt.Errorf("chown: %w", err)
+	}
+	return nil
 }
 
 // openCommand opens the template's command for nsinit to exec: the file

@@ -12,6 +12,7 @@ import (
 	"sync"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/go-logr/logr/funcr"
 	"golang.org/x/sys/unix"
@@ -724,4 +725,51 @@ func TestIsolationDegradedChild(t *testing.T) {
 			t.Errorf("%s: Close: %v", tier, err)
 		}
 	}
+}
+
+// TestHomeDir: a grant's home is made 0700 and its id's; a home its grant
+// already owns, 0700, is left as it is (a restarted fiberd, which in a
+// grant Pod could not open it otherwise); one of another mode or owner is
+// taken back and given again. The descriptor is O_PATH, which nsinit
+// changes into.
+func TestHomeDir(t *testing.T) {
+	if os.Geteuid() != 0 {
+		isolationMiss(t, "not root: a home directory is given to the grant's id with chown")
+	}
+	run := t.TempDir()
+	const id = DefaultIDFirst + 40
+	check := func(what string) unix.Stat_t {
+		t.Helper()
+		f, err := homeDir(run, id)
+		if err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		defer f.Close()
+		var st unix.Stat_t
+		if err := unix.Stat(filepath.Join(run, "home"), &st); err != nil {
+			t.Fatal(err)
+		}
+		if st.Uid != id || st.Gid != id || st.Mode&0o7777 != 0o700 {
+			t.Fatalf("%s: home is %d:%d mode %o, want %d:%d 0700", what, st.Uid, st.Gid, st.Mode&0o7777, id, id)
+		}
+		if fl, err := unix.FcntlInt(f.Fd(), unix.F_GETFL, 0); err != nil || fl&unix.O_PATH == 0 {
+			t.Errorf("%s: the home's descriptor is not O_PATH (flags %#x, %v)", what, fl, err)
+		}
+		return st
+	}
+	first := check("a new home")
+	time.Sleep(10 * time.Millisecond)
+	again := check("the grant's own home")
+	if again.Ctim != first.Ctim {
+		t.Error("a home its grant owned, 0700, was changed again")
+	}
+	home := filepath.Join(run, "home")
+	if err := os.Chmod(home, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	check("a home of another mode")
+	if err := os.Chown(home, 12345, 12345); err != nil {
+		t.Fatal(err)
+	}
+	check("a home of another owner")
 }

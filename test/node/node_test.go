@@ -365,7 +365,7 @@ func TestSecurityContext(t *testing.T) {
 	}
 	// grant-pod.yaml: fiberd-caps as 65532 of the Pod's own user namespace, holding the three
 	// capabilities isolation needs from its file capabilities (so no no_new_privs).
-	const isolating = "00000000002000cd" // CAP_CHOWN, CAP_DAC_READ_SEARCH, CAP_FOWNER, CAP_SETGID, CAP_SETUID, CAP_SYS_ADMIN
+	const isolating = "00000000002000c1" // CAP_CHOWN, CAP_SETGID, CAP_SETUID, CAP_SYS_ADMIN
 	checkSecurity(t, "fiberd", mainPod.g.hostPID, security{userns: true, seccomp: true, prm: isolating, bnd: isolating, nnp: "0"})
 	l, err := c.cs.CoreV1().Pods(issuerNamespace).List(c.ctx(t, 30*time.Second), metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=grant-issuer"})
 	if err != nil || len(l.Items) != 1 {
