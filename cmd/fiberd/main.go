@@ -214,12 +214,15 @@ func build(ctx context.Context, o options, log logr.Logger) (*fiberd.Agent, erro
 		h.Close()
 		return nil, err
 	}
-	warm, err := backend.NewProc(backend.Config{Logger: log.WithName("proc"), Isolation: o.isolation, IDs: ids, CRIU: o.criu, ScratchSize: o.scratchSize})
+	// A grant Pod holds one grant in a network namespace of its own: no
+	// other grant's fiber shares its loopback.
+	grantNetworks := o.home != standalone.Name
+	warm, err := backend.NewProc(backend.Config{Logger: log.WithName("proc"), Isolation: o.isolation, IDs: ids, CRIU: o.criu, ScratchSize: o.scratchSize, GrantNetworks: grantNetworks})
 	if err != nil {
 		h.Close()
 		return nil, fmt.Errorf("proc backend: %w", err)
 	}
-	basic, err := backend.NewExec(backend.Config{Logger: log.WithName("exec"), Isolation: o.isolation, IDs: ids, ScratchSize: o.scratchSize})
+	basic, err := backend.NewExec(backend.Config{Logger: log.WithName("exec"), Isolation: o.isolation, IDs: ids, ScratchSize: o.scratchSize, GrantNetworks: grantNetworks})
 	if err != nil {
 		warm.Close()
 		h.Close()

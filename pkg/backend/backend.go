@@ -330,6 +330,12 @@ type Config struct {
 	// (Isolation().EndpointsApart is false and Missing says so). For the
 	// tests' controls and the benchmarks' pairs; fiberd never sets it.
 	NoEndpointGuard bool
+	// GrantNetworks says every grant the backend serves has a network
+	// namespace of its own, as in a grant Pod (one grant per Pod): no
+	// endpoint guard is made, none being needed, and
+	// Isolation().EndpointsApart is true. fiberd sets it under -home
+	// kubernetes.
+	GrantNetworks bool
 }
 
 // DefaultScratchSize is Config.ScratchSize's default: 256 MiB.

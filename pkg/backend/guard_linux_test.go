@@ -264,7 +264,9 @@ func TestGuardMark(t *testing.T) {
 }
 
 // TestGuardWithoutNft: without nft the backend still starts and isolates,
-// and says the endpoints are not kept apart and how to fix it.
+// and says the endpoints are not kept apart and how to fix it; where every
+// grant has a network of its own (GrantNetworks: a grant Pod) nothing is
+// missing.
 func TestGuardWithoutNft(t *testing.T) {
 	saved := nftPath
 	nftPath = func() (string, error) { return "", errors.New("the nft command is not installed") }
@@ -273,6 +275,11 @@ func TestGuardWithoutNft(t *testing.T) {
 		s := isoBackend(t, tier).Isolation()
 		if s.Level != IsolationFiber || s.EndpointsApart || !strings.Contains(s.Missing, "not kept apart") || !strings.Contains(s.Missing, "install nftables") {
 			t.Errorf("%s without nft: %+v, want level fiber, EndpointsApart false, and Missing saying so and how to fix it", tier, s)
+		}
+		// A grant Pod: every grant's network is its own, no guard needed.
+		s = isoBackend(t, tier, func(c *Config) { c.GrantNetworks = true }).Isolation()
+		if s.Level != IsolationFiber || !s.EndpointsApart || s.Missing != "" {
+			t.Errorf("%s without nft, GrantNetworks: %+v, want level fiber, EndpointsApart, nothing missing", tier, s)
 		}
 	}
 }

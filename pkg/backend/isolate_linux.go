@@ -110,6 +110,8 @@ func newSandbox(cfg Config, log logr.Logger, perFiber bool) *sandbox {
 		s.support = s.probe(cfg.Clock, cfg.WarmTimeout, want, perFiber)
 		if s.support.Level == IsolationNone {
 			s.close()
+		} else if cfg.GrantNetworks {
+			s.support.EndpointsApart = true // no other grant shares the network
 		} else if cfg.NoEndpointGuard {
 			s.support.addMissing("endpoints of different grants are not kept apart (the endpoint guard is off: Config.NoEndpointGuard)")
 		} else if g, err := newGuard(cfg.Clock, log); err != nil {
