@@ -12,7 +12,7 @@
 # What it removes:
 #   - the caches of hack/kube-tools.sh and hack/criu.sh (FIBERD_KUBE_CACHE, FIBERD_CRIU_CACHE, and
 #     ~/.cache/fiberd around them) and what fiberd itself keeps outside a state directory
-#     (/var/cache/fiberd, the example copies; /dev/shm/fiberd-criu, CRIU's kernel-data cache);
+#     (/var/cache/fiberd, the example copies; /dev/shm/fiberd-criu, CRIU's kernel-data cache; /dev/shm/fiberd-isolation, the covers' empty directory and the shelf's mount point);
 #     fiberd's default state and run directories (/var/lib/fiberd, /run/fiberd);
 #   - what a kubelet, containerd, runc and the CNI plugins keep in their default places (a node of
 #     hack/node-up.sh keeps its own under its directory; these are what they use whatever they are
@@ -71,7 +71,7 @@ done
 
 kube_cache=${FIBERD_KUBE_CACHE:-$HOME/.cache/fiberd/kube}
 criu_cache=${FIBERD_CRIU_CACHE:-$HOME/.cache/fiberd/criu}
-remove "$kube_cache" "$criu_cache" "$HOME/.cache/fiberd" /var/cache/fiberd /dev/shm/fiberd-criu \
+remove "$kube_cache" "$criu_cache" "$HOME/.cache/fiberd" /var/cache/fiberd /dev/shm/fiberd-criu /dev/shm/fiberd-isolation \
 	/var/lib/fiberd /run/fiberd
 # kubectl's discovery cache, which suites of older checkouts filled with every test cluster's port,
 # and ~/.kube itself when that was all it held.
