@@ -18,6 +18,12 @@
 #                                                       (tools/cmd/activate gives it its listener on
 #                                                       :8080): the bench's "Pod per worker"
 #   OUT/node-client.tar  fiberd.local/node-client:dev   test/node/client, make e2e-node's caller
+#   OUT/fiberd-attack.tar fiberd.local/fiberd-attack:dev the fiberd image with the attack test's
+#                                                       template added (pkg/backend/testdata/
+#                                                       attacker.c built static, its spec
+#                                                       test/node/testdata/attacker.json): make
+#                                                       e2e-node's attack in a grant Pod; no user
+#                                                       runs it
 #   OUT/digests.txt      "REF DIGEST" per image
 #
 # The files each image holds are listed below once; deploy/kubernetes/Dockerfile builds the fiberd
@@ -51,10 +57,11 @@ say "building the static binaries ..."
 	|| fail "building the tools module's commands failed"
 # The zygote SDK and the example built static: the image has no libc to link against.
 CFLAGS="-O2 -Wall -Wextra -static" "$ROOT/sdk/zygote/c/build.sh" "$OUT/c" "$ROOT/examples/templates/c/counter.c" \
-	|| fail "building the C template static failed (a static libc is needed: Debian's libc6-dev)"
+	"$ROOT/pkg/backend/testdata/attacker.c" \
+	|| fail "building the C templates static failed (a static libc is needed: Debian's libc6-dev)"
 file_is_static() { ! grep -q 'NEEDED' < <(readelf -d "$1" 2>/dev/null) ; }
 if command -v readelf >/dev/null 2>&1; then
-	for f in "$B"/fiberd "$B"/pause "$B"/activate "$OUT"/c/counter; do
+	for f in "$B"/fiberd "$B"/pause "$B"/activate "$OUT"/c/counter "$OUT"/c/attacker; do
 		file_is_static "$f" || fail "$f is dynamically linked"
 	done
 fi
@@ -69,14 +76,18 @@ image() {
 }
 rm -f "$OUT/digests.txt.partial"
 image pause fiberd.local/pause:3.10 -base -entrypoint /pause /pause="$B/pause"
-image fiberd fiberd.local/fiberd:dev -base -user 65532:65532 -entrypoint /usr/local/bin/fiberd \
-	-dir /var/lib/fiberd -caps /usr/local/bin/fiberd-caps=sys_admin,setuid,setgid,chown \
-	/usr/local/bin/fiberd="$B/fiberd" \
-	/usr/local/bin/fiberd-caps="$B/fiberd" \
-	/usr/local/bin/fiberctl="$B/fiberctl" \
-	/usr/local/bin/grant-issuer="$B/grant-issuer" \
-	/opt/fiberd/templates/counter="$OUT/c/counter":0755 \
-	/etc/fiberd/templates/counter.json="$ROOT/deploy/kubernetes/templates/counter.json":0644
+fiberd_files=(-base -user 65532:65532 -entrypoint /usr/local/bin/fiberd
+	-dir /var/lib/fiberd -caps /usr/local/bin/fiberd-caps=sys_admin,setuid,setgid,chown
+	/usr/local/bin/fiberd="$B/fiberd"
+	/usr/local/bin/fiberd-caps="$B/fiberd"
+	/usr/local/bin/fiberctl="$B/fiberctl"
+	/usr/local/bin/grant-issuer="$B/grant-issuer"
+	/opt/fiberd/templates/counter="$OUT/c/counter":0755
+	/etc/fiberd/templates/counter.json="$ROOT/deploy/kubernetes/templates/counter.json":0644)
+image fiberd fiberd.local/fiberd:dev "${fiberd_files[@]}"
+image fiberd-attack fiberd.local/fiberd-attack:dev "${fiberd_files[@]}" \
+	/opt/fiberd/templates/attacker="$OUT/c/attacker":0755 \
+	/etc/fiberd/templates/attacker.json="$ROOT/test/node/testdata/attacker.json":0644
 image counter-pod fiberd.local/counter-pod:dev -base -user 65532:65532 \
 	-entrypoint /usr/local/bin/activate,-listen,:8080,/opt/fiberd/templates/counter \
 	/usr/local/bin/activate="$B/activate" \

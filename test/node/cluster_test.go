@@ -89,7 +89,7 @@ func setup() (*cluster, error) {
 	if err != nil {
 		return nil, err
 	}
-	record("setup: hack/images.sh (4 images)", time.Since(t0))
+	record("setup: hack/images.sh (5 images)", time.Since(t0))
 	fmt.Printf("e2e-node: images %v\n", digests)
 
 	t0 = time.Now()

@@ -739,6 +739,13 @@ func TestSecondNode(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = n2.Close() })
+	// A closed node's Node object would stay, NotReady, and the scheduler could still pick it
+	// for a later test's Pod: delete it as a removed node is deleted.
+	t.Cleanup(func() {
+		if _, err := c.kubectlErr("", "delete", "node", n2.Name(), "--ignore-not-found"); err != nil {
+			t.Errorf("deleting the second node's Node: %v", err)
+		}
+	})
 	if err := n2.Import(ctx, filepath.Join(c.images, "counter-pod.tar")); err != nil {
 		t.Fatal(err)
 	}

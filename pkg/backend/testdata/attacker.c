@@ -27,6 +27,8 @@
  *   tcp      connect to every address (giving up after 3 s)
  *   shared   create <dir>/fiberd-attack-<tag>-shared in every directory of
  *            shared=DIR,.. (world-writable places of the host)
+ *   read     open and read every file of reads=PATH,.. (credentials: a
+ *            token, a private key)
  * and with fill=DIR:BYTES,.. writes up to BYTES into
  * <dir>/fiberd-attack-<tag>-fill (removed again) and answers
  * "fill <dir> wrote <n> <done|error>", how much a scratch directory took;
@@ -173,8 +175,8 @@ static void fill(struct out *o, char *spec)
 
 static void attack(struct out *o, char *query)
 {
-	char *pids[64], *secrets[64], *socks[16], *dirs[16], *tcps[16], *shared[16], *fills[8];
-	int np = 0, ns = 0, nso = 0, nd = 0, nt = 0, nsh = 0, nf = 0;
+	char *pids[64], *secrets[64], *socks[16], *dirs[16], *tcps[16], *shared[16], *fills[8], *reads[16];
+	int np = 0, ns = 0, nso = 0, nd = 0, nt = 0, nsh = 0, nf = 0, nr = 0;
 	for (char *kv = strtok(query, "&"); kv; kv = strtok(NULL, "&")) {
 		char *v = strchr(kv, '=');
 		if (!v)
@@ -199,6 +201,8 @@ static void attack(struct out *o, char *query)
 			dst = shared, cnt = &nsh, cap = 16;
 		else if (!strcmp(kv, "fill"))
 			dst = fills, cnt = &nf, cap = 8;
+		else if (!strcmp(kv, "reads"))
+			dst = reads, cnt = &nr, cap = 16;
 		if (!dst)
 			continue;
 		for (char *t = strtok_r(copy, ",", &save); t && *cnt < cap; t = strtok_r(NULL, ",", &save))
@@ -318,6 +322,15 @@ static void attack(struct out *o, char *query)
 		errno = 0;
 		int fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC, 0666);
 		verdict(o, "shared", shared[i], fd >= 0, errno);
+		if (fd >= 0)
+			close(fd);
+	}
+	for (int i = 0; i < nr; i++) {
+		char buf[64];
+		errno = 0;
+		int fd = open(reads[i], O_RDONLY | O_CLOEXEC);
+		ssize_t n = fd >= 0 ? read(fd, buf, sizeof(buf)) : -1;
+		verdict(o, "read", reads[i], n >= 0, errno);
 		if (fd >= 0)
 			close(fd);
 	}
