@@ -172,7 +172,7 @@ func GrantPod(p *v1alpha1.FiberPool, ordinal int32, shape Shape) (*corev1.Pod, e
 			// ScheduleAnyway, not DoNotSchedule: spreading is a preference, capacity is the
 			// promise. With DoNotSchedule a node that is down but not yet removed still counts as
 			// a domain holding none of the pool's Pods, so the replacements of its Pods could not
-			// be placed anywhere else until it is gone (docs/design.md, decision 110).
+			// be placed anywhere else until it is gone (docs/design.md, decision 104).
 			TopologySpreadConstraints: []corev1.TopologySpreadConstraint{{
 				MaxSkew:           1,
 				TopologyKey:       hostnameKey,
