@@ -1,5 +1,3 @@
-//go:build !integration
-
 package pool
 
 import (
@@ -11,18 +9,10 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/goleak"
-
 	"fiberd.io/fiberd/pkg/api"
 	"fiberd.io/fiberd/pkg/client"
 	"fiberd.io/fiberd/pkg/core"
 )
-
-// TestMain checks that no test leaves a goroutine behind: no watch, no
-// attempt, no connection of a closed Pool. The integration build has its
-// own TestMain, without the check, since client-go keeps connection
-// goroutines that outlive a test.
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 // newPool builds a Pool over src, closed when t ends.
 func newPool(t *testing.T, src Source, mod func(*Config)) *Pool {
