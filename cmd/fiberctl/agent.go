@@ -33,6 +33,7 @@ const defaultTCP = "127.0.0.1:8484"
 // global is the flags before the command.
 type global struct {
 	addr    string
+	addrSet bool // -addr was given
 	json    bool
 	tlsCert string
 	tlsKey  string
@@ -77,6 +78,7 @@ func parseGlobal(args []string, e env) (g global, rest []string, status int, ok 
 		fmt.Fprintln(e.stderr, "fiberctl: -tls-cert and -tls-key go together")
 		return g, nil, grantcli.ExitUsage, false
 	}
+	g.addrSet = g.addr != ""
 	if g.addr == "" {
 		g.addr = defaultAddr()
 	}
@@ -126,16 +128,20 @@ func runAgent(cmd string, args []string, g global, e env) int {
 }
 
 // cmdClone: fiberctl clone [-grant-uid UID | -grant FILE] [-session S
-// [-key KEY]] [-deadline D] [-payload S | -payload-file F] [UID]
+// [-key KEY]] [-deadline D] [-payload S | -payload-file F] [UID], or
+// fiberctl clone -pool NAME [-namespace NS] [-kubeconfig F] [-server-name
+// N] with the same session, deadline and payload flags (clonePool).
 func cmdClone(ctx context.Context, args []string, g global, e env) int {
 	fs := newFlags("clone", e)
 	uid := fs.String("grant-uid", "", "UID of an admitted grant")
 	tokenFile := fs.String("grant", "", "grant token `FILE` to present (\"-\" for stdin)")
 	session := fs.String("session", "", "session name: a running session is attached, not cloned twice, and a parked one resumed")
 	key := fs.String("key", "", "the session's release key, printed by the clone that created it: needed on a plaintext TCP address to attach to or resume a session (with -session)")
-	deadline := fs.Duration("deadline", 0, "bound of the clone (0: fiberd's default)")
+	deadline := fs.Duration("deadline", 0, "bound of the clone (0: fiberd's default); with -pool, of the whole call, every Pod asked included")
 	payload := fs.String("payload", "", "payload handed to the fiber (FIBERD_PAYLOAD)")
 	payloadFile := fs.String("payload-file", "", "read the payload from `FILE`")
+	var po poolOptions
+	po.register(fs, "clone from a ready grant Pod of")
 	// A bare UID after the flags is accepted as -grant-uid.
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -157,8 +163,13 @@ func cmdClone(ctx context.Context, args []string, g global, e env) int {
 		}
 		req.Grant = strings.TrimSpace(string(tok))
 	}
-	if req.Grant == "" && req.GrantUID == "" {
-		return grantcli.UsageError(fs, "name the grant: -grant-uid UID or -grant FILE")
+	switch {
+	case po.check(g) != "":
+		return grantcli.UsageError(fs, "%s", po.check(g))
+	case po.name != "" && (req.Grant != "" || req.GrantUID != ""):
+		return grantcli.UsageError(fs, "-pool picks a grant Pod and clones its grant: leave out -grant-uid and -grant")
+	case po.name == "" && req.Grant == "" && req.GrantUID == "":
+		return grantcli.UsageError(fs, "name the grant: -grant-uid UID or -grant FILE, or the pool: -pool NAME")
 	}
 	if err := api.ValidSession(*session); err != nil {
 		return grantcli.UsageError(fs, "-session: %v", err)
@@ -185,6 +196,9 @@ func cmdClone(ctx context.Context, args []string, g global, e env) int {
 	if len(req.Payload) > api.MaxPayload {
 		return grantcli.UsageError(fs, "-payload is %d bytes, over the %d-byte limit", len(req.Payload), api.MaxPayload)
 	}
+	if po.name != "" {
+		return clonePool(ctx, fs, req, *deadline, po, g, e)
+	}
 
 	c, err := g.newClient()
 	if err != nil {
@@ -203,24 +217,39 @@ func cmdClone(ctx context.Context, args []string, g global, e env) int {
 	if g.json {
 		return printJSON(e, resp)
 	}
+	printClone(e, resp, took, "")
+	return grantcli.ExitOK
+}
+
+// printClone writes a served Clone for people; pod, when set, is the grant
+// Pod that served it, already escaped.
+func printClone(e env, resp api.CloneResponse, took time.Duration, pod string) {
 	fmt.Fprintf(e.stdout, "fiber     %s\nendpoint  %s\nkind      %s\n", field(resp.FiberID), field(resp.Endpoint), field(resp.Kind))
 	if resp.ReleaseKey != "" {
 		fmt.Fprintf(e.stdout, "key       %s\n", field(resp.ReleaseKey))
 	}
+	if pod != "" {
+		fmt.Fprintf(e.stdout, "pod       %s\n", pod)
+	}
 	fmt.Fprintf(e.stdout, "took      %s\n", took.Round(10*time.Microsecond))
-	return grantcli.ExitOK
 }
 
-// cmdFiber: fiberctl release|park [-key KEY | -grant FILE] FIBER_ID
+// cmdFiber: fiberctl release|park [-key KEY | -grant FILE] [-pool NAME
+// [-namespace NS] [-kubeconfig F] [-server-name N]] FIBER_ID
 func cmdFiber(ctx context.Context, cmd string, args []string, g global, e env) int {
 	fs := newFlags(cmd, e)
 	key := fs.String("key", "", "the fiber's release key, printed by clone: needed on a plaintext TCP address")
 	tokenFile := fs.String("grant", "", "grant token `FILE` of the fiber's grant (\"-\" for stdin), instead of -key")
+	var po poolOptions
+	po.register(fs, cmd+" the fiber on the grant Pod that served it, a Pod of")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return grantcli.ExitOK
 		}
 		return grantcli.ExitUsage
+	}
+	if msg := po.check(g); msg != "" {
+		return grantcli.UsageError(fs, "%s", msg)
 	}
 	if fs.NArg() != 1 {
 		return grantcli.UsageError(fs, "want exactly one fiber id (uid/epoch/seq), got %d arguments", fs.NArg())
@@ -237,15 +266,29 @@ func cmdFiber(ctx context.Context, cmd string, args []string, g global, e env) i
 		}
 		req.Grant = strings.TrimSpace(string(tok))
 	}
-	c, err := g.newClient()
-	if err != nil {
-		return grantcli.UsageError(fs, "%v", err)
-	}
-	var parked api.ParkResponse
-	if cmd == "park" {
-		parked, err = c.ParkFiber(ctx, req)
+	var f fiberCaller
+	if po.name != "" {
+		p, _, code := po.open(ctx, fs, g, e)
+		if p == nil {
+			return code
+		}
+		defer p.Close()
+		f = p
 	} else {
-		err = c.ReleaseFiber(ctx, req)
+		c, err := g.newClient()
+		if err != nil {
+			return grantcli.UsageError(fs, "%v", err)
+		}
+		f = c
+	}
+	var (
+		parked api.ParkResponse
+		err    error
+	)
+	if cmd == "park" {
+		parked, err = f.ParkFiber(ctx, req)
+	} else {
+		err = f.ReleaseFiber(ctx, req)
 	}
 	if err != nil {
 		code := callFailed(fs, g, e, err)

@@ -4,7 +4,8 @@
 //
 //	fiberctl [-addr unix:///path|host:port] [-o text|json] [-tls-cert F -tls-key F] [-ca F] <command>
 //	fiberctl clone [-grant-uid UID | -grant FILE] [-session S [-key KEY]] [-deadline D] [-payload P]
-//	fiberctl release|park [-key KEY | -grant FILE] FIBER_ID
+//	fiberctl clone -pool NAME [-namespace NS] [-kubeconfig F] [-server-name N] [-session S] [-deadline D] [-payload P]
+//	fiberctl release|park [-key KEY | -grant FILE] [-pool NAME [-namespace NS] [-kubeconfig F]] FIBER_ID
 //	fiberctl status [-ready]
 //	fiberctl watch
 //	fiberctl grant keygen [-alg EdDSA|ES256] [-kid K] -out key.jwk [-jwks-out jwks.json]
@@ -29,13 +30,15 @@ import (
 	"fiberd.io/fiberd/internal/grantcli"
 )
 
-// env is what a command may touch besides its flags: its input, outputs
-// and the clock. Tests pass their own.
+// env is what a command may touch besides its flags: its input, outputs,
+// the clock and the cluster. Tests pass their own.
 type env struct {
 	stdin  io.Reader
 	stdout io.Writer
 	stderr io.Writer
 	clock  clock.PassiveClock
+	// kube connects to the cluster of clone -pool; nil is kubeClient.
+	kube kubeFunc
 }
 
 func main() {
@@ -76,8 +79,10 @@ it exists, else 127.0.0.1:8484 (fiberd -dev).
 commands:
   clone          ask fiberd for a fiber of a grant and print its endpoint:
                  fiberctl clone [-session S [-key KEY]] -grant-uid UID
-  release        end a fiber: fiberctl release [-key KEY] FIBER_ID
-  park           checkpoint a fiber: fiberctl park [-key KEY] FIBER_ID
+                 or ask a FiberPool's grant Pods, picked and retried by the client:
+                 fiberctl clone -pool NAME [-namespace NS] [-kubeconfig F] [-session S]
+  release        end a fiber: fiberctl release [-key KEY] [-pool NAME] FIBER_ID
+  park           checkpoint a fiber: fiberctl park [-key KEY] [-pool NAME] FIBER_ID
   status         print the agent's epoch, lane health, grants and fibers
   watch          print each status change until interrupted
   grant keygen   make an issuer signing key (private JWK, optional public JWKS)

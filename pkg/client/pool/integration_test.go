@@ -138,7 +138,7 @@ func podEndpoint(p *corev1.Pod, ip string, ready bool) discoveryv1.Endpoint {
 	}
 }
 
-// waitEndpoints waits until the pool lists exactly the Pods named.
+// waitEndpoints waits until the pool lists exactly the Pods named, in name order.
 func waitEndpoints(t *testing.T, p *Pool, want ...string) {
 	t.Helper()
 	deadline := time.Now().Add(itWait)
@@ -147,6 +147,7 @@ func waitEndpoints(t *testing.T, p *Pool, want ...string) {
 		for _, e := range p.Endpoints() {
 			got = append(got, e.PodName)
 		}
+		slices.Sort(got)
 		if slices.Equal(got, want) {
 			return
 		}
@@ -216,17 +217,17 @@ func TestPoolFollowsRealEndpointSlices(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	// The client, with the RBAC of deploy/kubernetes/pool-client-rbac.yaml only, its requests
+	// The client (NewSliceClient's, as fiberctl's), with the RBAC of deploy/kubernetes/pool-client-rbac.yaml only, its requests
 	// counted.
 	sa := applyPoolClientRBAC(t, env)
 	rc := env.ServiceAccountConfig(t, sa, kubeapi.TokenOptions{})
 	var counter apiCounter
 	rc.Wrap(counter.wrap)
-	cs, err := kubernetes.NewForConfig(rc)
+	sc, err := NewSliceClient(rc, env.Namespace)
 	if err != nil {
 		t.Fatal(err)
 	}
-	p, err := Open(ctx, cs, Config{Namespace: env.Namespace, Name: pool, Transport: transport, AttemptTimeout: time.Second})
+	p, err := Open(ctx, sc, Config{Namespace: env.Namespace, Name: pool, Transport: transport, AttemptTimeout: time.Second})
 	if err != nil {
 		t.Fatalf("Open with pool-client-rbac.yaml's permissions: %v", err)
 	}
@@ -325,7 +326,7 @@ func TestOpenNamesMissingPermissions(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 	defer cancel()
-	_, err = Open(ctx, cs, Config{Namespace: env.Namespace, Name: "p"})
+	_, err = Open(ctx, cs.DiscoveryV1().EndpointSlices(env.Namespace), Config{Namespace: env.Namespace, Name: "p"})
 	if err == nil {
 		t.Fatal("Open without list/watch on endpointslices worked")
 	}

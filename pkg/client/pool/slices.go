@@ -14,8 +14,9 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/serializer"
 	"k8s.io/apimachinery/pkg/watch"
-	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
 )
@@ -37,6 +38,67 @@ type SliceOptions struct {
 	// Logger receives the source's lines. Default klog.Background().
 	Logger logr.Logger
 }
+
+// SliceClient lists and watches the EndpointSlices of one namespace.
+// client-go's typed client is one (clientset.DiscoveryV1().EndpointSlices(
+// namespace), a fake clientset's too); NewSliceClient makes one from a
+// rest.Config without the whole clientset.
+type SliceClient interface {
+	List(ctx context.Context, opts metav1.ListOptions) (*discoveryv1.EndpointSliceList, error)
+	Watch(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error)
+}
+
+// NewSliceClient returns a SliceClient of namespace through rc, on a
+// scheme of discovery.k8s.io/v1 alone: a binary that needs nothing else of
+// the API (fiberctl) does not link every API group's client and types.
+func NewSliceClient(rc *rest.Config, namespace string) (SliceClient, error) {
+	s := runtime.NewScheme()
+	if err := discoveryv1.AddToScheme(s); err != nil {
+		return nil, fmt.Errorf("endpointslice client: %w", err)
+	}
+	cfg := rest.CopyConfig(rc)
+	cfg.APIPath = "/apis"
+	cfg.GroupVersion = &discoveryv1.SchemeGroupVersion
+	cfg.NegotiatedSerializer = serializer.NewCodecFactory(s).WithoutConversion()
+	if cfg.UserAgent == "" {
+		cfg.UserAgent = rest.DefaultKubernetesUserAgent()
+	}
+	c, err := rest.RESTClientFor(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("endpointslice client: %w", err)
+	}
+	return &sliceClient{c: c, namespace: namespace, params: runtime.NewParameterCodec(s)}, nil
+}
+
+// sliceClient is NewSliceClient's SliceClient.
+type sliceClient struct {
+	c         *rest.RESTClient
+	namespace string
+	params    runtime.ParameterCodec
+}
+
+func (c *sliceClient) List(ctx context.Context, opts metav1.ListOptions) (*discoveryv1.EndpointSliceList, error) {
+	out := &discoveryv1.EndpointSliceList{}
+	err := c.c.Get().Namespace(c.namespace).Resource("endpointslices").VersionedParams(&opts, c.params).Do(ctx).Into(out)
+	return out, err
+}
+
+func (c *sliceClient) Watch(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error) {
+	opts.Watch = true
+	req := c.c.Get().Namespace(c.namespace).Resource("endpointslices").VersionedParams(&opts, c.params)
+	if opts.TimeoutSeconds != nil {
+		req = req.Timeout(time.Duration(*opts.TimeoutSeconds) * time.Second)
+	}
+	return req.Watch(ctx)
+}
+
+// plainListWatch is a ListerWatcher that tells the reflector to list, then
+// watch, rather than ask for a streamed watch list: every SliceClient
+// serves that, fakes included, and a pool's slices are a short list.
+type plainListWatch struct{ *cache.ListWatch }
+
+// IsWatchListSemanticsUnSupported is the reflector's optional check.
+func (plainListWatch) IsWatchListSemanticsUnSupported() bool { return true }
 
 // SliceSource is a Source that watches the EndpointSlices of one Service
 // (label kubernetes.io/service-name) in one namespace, through an informer
@@ -60,8 +122,9 @@ type SliceSource struct {
 }
 
 // NewSliceSource returns a source of the endpoints of Service service in
-// namespace, read through cs. It starts nothing: call Start.
-func NewSliceSource(cs kubernetes.Interface, namespace, service string, opts SliceOptions) *SliceSource {
+// namespace, read through c (a client of that namespace's slices). It
+// starts nothing: call Start.
+func NewSliceSource(c SliceClient, namespace, service string, opts SliceOptions) *SliceSource {
 	if opts.Port == "" {
 		opts.Port = APIPort
 	}
@@ -79,20 +142,17 @@ func NewSliceSource(cs kubernetes.Interface, namespace, service string, opts Sli
 		done:      make(chan struct{}),
 	}
 	selector := discoveryv1.LabelServiceName + "=" + service
-	slicesOf := cs.DiscoveryV1().EndpointSlices(namespace)
 	lw := &cache.ListWatch{
 		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
 			o.LabelSelector = selector
-			return slicesOf.List(ctx, o)
+			return c.List(ctx, o)
 		},
 		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
 			o.LabelSelector = selector
-			return slicesOf.Watch(ctx, o)
+			return c.Watch(ctx, o)
 		},
 	}
-	// The wrapper tells the reflector whether the client streams a watch
-	// list (a fake clientset does not).
-	s.informer = cache.NewSharedIndexInformerWithOptions(cache.ToListWatcherWithWatchListSemantics(lw, cs), &discoveryv1.EndpointSlice{},
+	s.informer = cache.NewSharedIndexInformerWithOptions(plainListWatch{lw}, &discoveryv1.EndpointSlice{},
 		cache.SharedIndexInformerOptions{ResyncPeriod: opts.Resync})
 	rebuild := func() { s.rebuild() }
 	// Neither call fails on an informer that has not started.
@@ -229,17 +289,20 @@ func EndpointsOf(sl []*discoveryv1.EndpointSlice, port string) []Endpoint {
 }
 
 // Open returns a Pool over the ready grant Pods of the pool cfg.Namespace/
-// cfg.Name, read from the EndpointSlices of the pool's Service through cs
-// (a SliceSource it starts and waits for, within ctx, and stops on Close).
-// cfg.Source must be nil and cfg.Namespace set.
-func Open(ctx context.Context, cs kubernetes.Interface, cfg Config) (*Pool, error) {
+// cfg.Name, read from the EndpointSlices of the pool's Service through c,
+// a client of cfg.Namespace's slices (a SliceSource it starts and waits
+// for, within ctx, and stops on Close). cfg.Source must be nil and
+// cfg.Namespace set. With a clientset:
+//
+//	p, err := pool.Open(ctx, cs.DiscoveryV1().EndpointSlices(ns), pool.Config{Namespace: ns, Name: name, TLS: tc})
+func Open(ctx context.Context, c SliceClient, cfg Config) (*Pool, error) {
 	if cfg.Source != nil {
 		return nil, fmt.Errorf("pool %s: Open reads the pool's EndpointSlices: leave Source nil, or use New with it", cfg.qualified())
 	}
 	if cfg.Namespace == "" {
 		return nil, fmt.Errorf("pool %s: Namespace is empty: name the FiberPool's namespace", cfg.qualified())
 	}
-	src := NewSliceSource(cs, cfg.Namespace, cfg.Name, SliceOptions{Logger: cfg.Logger})
+	src := NewSliceSource(c, cfg.Namespace, cfg.Name, SliceOptions{Logger: cfg.Logger})
 	cfg.Source = src
 	p, err := New(cfg)
 	if err != nil {

@@ -98,7 +98,7 @@ func TestSliceSourceFollowsTheSlices(t *testing.T) {
 		slice("p-abc", "p", podEP("p-0", "10.0.0.1", yes), podEP("p-1", "10.0.0.2", no)),
 		slice("other-abc", "other", podEP("o-0", "10.0.1.1", yes)),
 	)
-	src := NewSliceSource(cs, "ns", "p", SliceOptions{Resync: time.Second})
+	src := NewSliceSource(cs.DiscoveryV1().EndpointSlices("ns"), "ns", "p", SliceOptions{Resync: time.Second})
 	if s := src.Snapshot(); s.Synced || len(s.Endpoints) != 0 {
 		t.Fatalf("snapshot before Start = %+v", s)
 	}
@@ -131,7 +131,7 @@ func TestSliceSourceFollowsTheSlices(t *testing.T) {
 }
 
 func TestSliceSourceStopWithoutStart(t *testing.T) {
-	src := NewSliceSource(fake.NewClientset(), "ns", "p", SliceOptions{})
+	src := NewSliceSource(fake.NewClientset().DiscoveryV1().EndpointSlices("ns"), "ns", "p", SliceOptions{})
 	src.Stop()
 	src.Start(context.Background()) // after Stop: starts nothing
 	if src.Snapshot().Synced {
@@ -144,7 +144,7 @@ func TestOpen(t *testing.T) {
 	cs := fake.NewClientset(slice("p-abc", "p", podEP("p-0", "10.0.0.1", yes)))
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	p, err := Open(ctx, cs, Config{Namespace: "ns", Name: "p"})
+	p, err := Open(ctx, cs.DiscoveryV1().EndpointSlices("ns"), Config{Namespace: "ns", Name: "p"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -152,7 +152,7 @@ func TestOpen(t *testing.T) {
 		t.Errorf("Endpoints = %v", got)
 	}
 	p.Close() // stops the watch: goleak checks
-	if _, err := Open(ctx, cs, Config{Name: "p"}); err == nil {
+	if _, err := Open(ctx, cs.DiscoveryV1().EndpointSlices(""), Config{Name: "p"}); err == nil {
 		t.Error("Open without a namespace worked")
 	}
 }
