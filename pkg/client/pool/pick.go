@@ -8,7 +8,9 @@ import (
 	"time"
 )
 
-// order is the order in which a Clone of session asks the listed Pods.
+// picker hands out, one at a time, the Pods a Clone of session asks, each
+// at most once. Its next is called with Pool.mu held; the weights are
+// computed without it.
 //
 // A Clone with a session goes first to home, the Pod that served the
 // session last (its running fiber or parked image is there), when it is
@@ -21,43 +23,99 @@ import (
 // lately first, then those that missed, then those that failed; within
 // each, the fewest of this client's Clones under way first, and Pods
 // equal on both in random order, so concurrent Clones and clients spread.
-func order(listed []*pod, session string, home *pod, now time.Time) []*pod {
-	out := make([]*pod, 0, len(listed))
-	if session != "" {
-		if home != nil {
-			out = append(out, home)
-		}
-		rest := make([]weighted, 0, len(listed))
-		for _, pd := range listed {
-			if pd != home {
-				rest = append(rest, weighted{pd, rendezvous(session, pd.ep.PodUID)})
-			}
-		}
-		slices.SortFunc(rest, func(a, b weighted) int {
-			if c := cmp.Compare(downRank(a.pd, now), downRank(b.pd, now)); c != 0 {
-				return c
-			}
-			return cmp.Compare(b.w, a.w)
-		})
-		for _, r := range rest {
-			out = append(out, r.pd)
-		}
-		return out
-	}
-	out = append(out, listed...)
-	rand.Shuffle(len(out), func(i, j int) { out[i], out[j] = out[j], out[i] })
-	slices.SortStableFunc(out, func(a, b *pod) int {
-		if c := cmp.Compare(rank(a, now), rank(b, now)); c != 0 {
-			return c
-		}
-		return cmp.Compare(a.inflight, b.inflight)
-	})
-	return out
+//
+// Each next scans the Pods once (no sort): a Clone served by its first Pod
+// costs one scan, and one hash per Pod with a session.
+type picker struct {
+	listed  []*pod // the Pool's listed Pods when the Clone began; not mutated
+	session string
+	home    int      // index of the session's Pod in listed, -1 for none
+	weights []uint64 // rendezvous weights, parallel to listed, with a session
+	tried   []bool
+	left    int // Pods not handed out yet
 }
 
-type weighted struct {
-	pd *pod
-	w  uint64
+// newPicker returns the picker of a Clone of session over listed, home
+// being the session's Pod or nil. It takes no lock: listed is never
+// mutated once built.
+func newPicker(listed []*pod, session string, home *pod) *picker {
+	pk := &picker{listed: listed, session: session, home: -1, tried: make([]bool, len(listed)), left: len(listed)}
+	if session == "" {
+		return pk
+	}
+	pk.weights = make([]uint64, len(listed))
+	for i, pd := range listed {
+		pk.weights[i] = rendezvous(session, pd.ep.PodUID)
+		if pd == home {
+			pk.home = i
+		}
+	}
+	return pk
+}
+
+// next is the next Pod to ask, nil when every Pod was handed out. The
+// Pools's mu is held: the Pods' counters are read.
+func (pk *picker) next(now time.Time) *pod {
+	if pk.left == 0 {
+		return nil
+	}
+	best, ties := -1, 0
+	if pk.home >= 0 && !pk.tried[pk.home] {
+		best = pk.home
+	} else {
+		var bk pickKey
+		for i := range pk.listed {
+			if pk.tried[i] {
+				continue
+			}
+			k := pk.key(i, now)
+			if best < 0 {
+				best, bk, ties = i, k, 1
+				continue
+			}
+			switch c := k.compare(bk); {
+			case c < 0:
+				best, bk, ties = i, k, 1
+			case c == 0:
+				// Each of the tied Pods ends up chosen with equal odds.
+				ties++
+				if rand.IntN(ties) == 0 {
+					best = i
+				}
+			}
+		}
+	}
+	pk.tried[best] = true
+	pk.left--
+	return pk.listed[best]
+}
+
+// pickKey ranks a Pod for a picker: the lower rank first, then the lower
+// load, then the higher weight.
+type pickKey struct {
+	rank int
+	load int
+	w    uint64
+}
+
+func (a pickKey) compare(b pickKey) int {
+	if c := cmp.Compare(a.rank, b.rank); c != 0 {
+		return c
+	}
+	if c := cmp.Compare(a.load, b.load); c != 0 {
+		return c
+	}
+	return cmp.Compare(b.w, a.w)
+}
+
+// key is Pod i's pickKey: with a session, whether it is down and its
+// weight; without, its rank and this client's Clones under way there.
+func (pk *picker) key(i int, now time.Time) pickKey {
+	pd := pk.listed[i]
+	if pk.weights != nil {
+		return pickKey{rank: downRank(pd, now), w: pk.weights[i]}
+	}
+	return pickKey{rank: rank(pd, now), load: pd.inflight}
 }
 
 // rank is 0 for a Pod in good standing, 1 for one that missed lately, 2 for

@@ -318,7 +318,7 @@ func containsPod(ps []*pod, x *pod) bool {
 // Clone asks the pool for a fiber. req names no grant (Grant and GrantUID
 // empty): each Pod is asked for a fiber of its own grant, whose UID is the
 // Pod's. The Pods are asked one at a time, each at most once, in the order
-// of pick (the session's Pod first; otherwise the least loaded), until one
+// of picker (the session's Pod first; otherwise the least loaded), until one
 // serves the Clone, within ctx's deadline (Config.Timeout when it has none)
 // and, but for the last Pod, Config.AttemptTimeout each; req.DeadlineMs is
 // lowered to the attempt's bound so the Pod gives up when the client does.
@@ -342,20 +342,24 @@ func (p *Pool) Clone(ctx context.Context, req api.CloneRequest) (api.CloneRespon
 		ctx, cancel = context.WithTimeout(ctx, p.cfg.Timeout)
 		defer cancel()
 	}
-	order, synced, err := p.pick(req.Session)
+	pk, synced, err := p.pick(req.Session)
 	if err != nil {
 		return api.CloneResponse{}, err
 	}
-	if len(order) == 0 {
+	if pk.left == 0 {
 		return api.CloneResponse{}, p.noPods(synced)
 	}
 	var attempts []Attempt
-	for i, pd := range order {
+	for {
 		if ctx.Err() != nil {
-			return api.CloneResponse{}, &Error{Pool: p.name, Attempts: attempts, Untried: len(order) - i, Err: ctx.Err()}
+			return api.CloneResponse{}, &Error{Pool: p.name, Attempts: attempts, Untried: pk.left, Err: ctx.Err()}
+		}
+		pd := p.next(pk)
+		if pd == nil {
+			break
 		}
 		actx, cancel := ctx, context.CancelFunc(func() {})
-		if i < len(order)-1 && p.cfg.AttemptTimeout > 0 {
+		if pk.left > 0 && p.cfg.AttemptTimeout > 0 {
 			actx, cancel = context.WithTimeout(ctx, p.cfg.AttemptTimeout)
 		}
 		r := req
@@ -365,7 +369,6 @@ func (p *Pool) Clone(ctx context.Context, req api.CloneRequest) (api.CloneRespon
 				r.DeadlineMs = ms
 			}
 		}
-		p.begin(pd)
 		start := time.Now()
 		resp, err := pd.c.Clone(actx, r)
 		took := time.Since(start)
@@ -398,7 +401,7 @@ func (p *Pool) Clone(ctx context.Context, req api.CloneRequest) (api.CloneRespon
 			err = fmt.Errorf("no answer within %v: %w", p.cfg.AttemptTimeout, err)
 		}
 		attempts = append(attempts, Attempt{Pod: pd.ep, Err: err, Took: took})
-		p.log.V(1).Info("Clone not served, trying the next Pod", "pod", pd.ep.PodName, "addr", pd.ep.Addr, "err", err.Error(), "left", len(order)-i-1)
+		p.log.V(1).Info("Clone not served, trying the next Pod", "pod", pd.ep.PodName, "addr", pd.ep.Addr, "err", err.Error(), "left", pk.left)
 	}
 	e := &Error{Pool: p.name, Attempts: attempts}
 	if ctx.Err() != nil {
@@ -430,16 +433,15 @@ func (p *Pool) noPods(synced bool) error {
 	return m
 }
 
-// pick returns the Pods to ask for a Clone of session, in order, and
-// whether the Source has synced.
-func (p *Pool) pick(session string) ([]*pod, bool, error) {
+// pick returns the picker of a Clone of session, and whether the Source
+// has synced.
+func (p *Pool) pick(session string) (*picker, bool, error) {
 	p.mu.Lock()
-	defer p.mu.Unlock()
 	if p.closed {
+		p.mu.Unlock()
 		return nil, false, fmt.Errorf("pool %s: %w", p.name, ErrClosed)
 	}
-	now := time.Now()
-	p.refreshLocked(now)
+	p.refreshLocked(time.Now())
 	var home *pod
 	if session != "" {
 		if uid, ok := p.sessions.get(session); ok {
@@ -448,14 +450,21 @@ func (p *Pool) pick(session string) ([]*pod, bool, error) {
 			}
 		}
 	}
-	return order(p.listed, session, home, now), p.synced, nil
+	listed, synced := p.listed, p.synced
+	p.mu.Unlock()
+	return newPicker(listed, session, home), synced, nil
 }
 
-// begin counts an attempt under way on pd.
-func (p *Pool) begin(pd *pod) {
+// next is the picker's next Pod, counted under way there; nil when none
+// is left.
+func (p *Pool) next(pk *picker) *pod {
 	p.mu.Lock()
-	pd.inflight++
-	p.mu.Unlock()
+	defer p.mu.Unlock()
+	pd := pk.next(time.Now())
+	if pd != nil {
+		pd.inflight++
+	}
+	return pd
 }
 
 // end counts an attempt on pd done, ranking it lower until missed or down

@@ -570,3 +570,41 @@ func TestDefaultServerName(t *testing.T) {
 }
 
 func mustTLS(*testing.T) *tls.Config { return &tls.Config{MinVersion: tls.VersionTLS13} }
+
+// order drains a picker: every Pod a Clone of session would ask, in order.
+func order(listed []*pod, session string, home *pod, now time.Time) []*pod {
+	pk := newPicker(listed, session, home)
+	var out []*pod
+	for pd := pk.next(now); pd != nil; pd = pk.next(now) {
+		out = append(out, pd)
+	}
+	return out
+}
+
+func TestPickerAsksEachPodOnceHomeFirst(t *testing.T) {
+	var listed []*pod
+	for i := range 10 {
+		listed = append(listed, &pod{ep: Endpoint{PodUID: fmt.Sprint("u", i)}})
+	}
+	now := time.Now()
+	listed[7].down = now.Add(time.Second)
+	for _, session := range []string{"", "s"} {
+		got := order(listed, session, listed[3], now)
+		seen := map[*pod]bool{}
+		for _, pd := range got {
+			if seen[pd] {
+				t.Fatalf("session %q: %s handed out twice", session, pd.ep.PodUID)
+			}
+			seen[pd] = true
+		}
+		if len(got) != len(listed) {
+			t.Fatalf("session %q: %d Pods handed out, want %d", session, len(got), len(listed))
+		}
+		if got[len(got)-1] != listed[7] {
+			t.Errorf("session %q: the Pod that is down is not last", session)
+		}
+		if session != "" && got[0] != listed[3] {
+			t.Errorf("the session's Pod is not first")
+		}
+	}
+}
