@@ -26,6 +26,7 @@ const (
 	hang                 // no answer until the request is cancelled
 	unauth               // 401 UNAUTHENTICATED
 	internal             // 500 INTERNAL
+	gated                // serves once the gate is closed
 )
 
 // agent is a fake grant Pod: an HTTP server answering Clone, Release and
@@ -37,6 +38,7 @@ type agent struct {
 	srv  *httptest.Server
 	mode atomic.Int32
 	seq  atomic.Uint64
+	gate chan struct{} // closed to let gated Clones through
 
 	mu       sync.Mutex
 	clones   []api.CloneRequest
@@ -49,7 +51,7 @@ type agent struct {
 // newAgent starts a fake agent for Pod name with UID uid.
 func newAgent(t *testing.T, name, uid string, m mode) *agent {
 	t.Helper()
-	a := &agent{t: t, uid: uid, name: name, sessions: map[string]string{}, live: map[string]bool{}}
+	a := &agent{t: t, uid: uid, name: name, sessions: map[string]string{}, live: map[string]bool{}, gate: make(chan struct{})}
 	a.mode.Store(int32(m))
 	a.srv = httptest.NewServer(a)
 	t.Cleanup(a.srv.Close)
@@ -109,6 +111,12 @@ func (a *agent) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		case hang:
 			<-r.Context().Done()
 			return
+		case gated:
+			select {
+			case <-a.gate:
+			case <-r.Context().Done():
+				return
+			}
 		case unauth:
 			writeErr(w, 401, api.Error{Code: api.CodeUnauthenticated, Message: "name the session's releaseKey"})
 			return

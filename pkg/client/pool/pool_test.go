@@ -185,6 +185,43 @@ func TestCloneRefusalIsReturnedAtOnce(t *testing.T) {
 	}
 }
 
+func TestCloneAvoidsAPodWithClonesUnderWay(t *testing.T) {
+	as := agents(t, 2)
+	as[0].set(gated)
+	src := NewStaticSource(endpoints(as[0])...)
+	p := newPool(t, src, nil)
+	done := make(chan error, 1)
+	go func() {
+		_, err := p.Clone(ctxT(t, 10*time.Second), api.CloneRequest{})
+		done <- err
+	}()
+	for as[0].calls() == 0 {
+		time.Sleep(time.Millisecond)
+	}
+	// p-1 joins while p-0 holds a Clone of this client: every Clone goes
+	// to p-1 until it does not.
+	src.Set(endpoints(as...)...)
+	for range 10 {
+		if _, err := p.Clone(ctxT(t, 5*time.Second), api.CloneRequest{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := as[0].calls(); n != 1 {
+		t.Errorf("p-0, with a Clone under way, was sent %d more", n-1)
+	}
+	close(as[0].gate)
+	if err := <-done; err != nil {
+		t.Fatalf("the gated Clone: %v", err)
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, pd := range p.listed {
+		if pd.inflight != 0 {
+			t.Errorf("%s counts %d Clones under way after all ended", pd.ep.PodName, pd.inflight)
+		}
+	}
+}
+
 func TestCloneSkipsADeadPod(t *testing.T) {
 	as := agents(t, 2)
 	dead := Endpoint{PodName: "p-dead", PodUID: "uid-dead", Addr: deadAddr(t)}
