@@ -17,6 +17,9 @@
 // errors.Is(err, core.ErrNotFound), or core.IsMiss(err) for a SHED or
 // DEFERRED_FALLBACK miss.
 //
-// Importers: cmd/fiberctl, the process and end-to-end tests, benchmarks.
-// It imports pkg/api and pkg/core, never pkg/fiberd.
+// A Client calls one fiberd. pkg/client/pool routes Clones across the
+// grant Pods of a FiberPool, one Client per Pod.
+//
+// Importers: cmd/fiberctl, pkg/client/pool, the process and end-to-end
+// tests, benchmarks. It imports pkg/api and pkg/core, never pkg/fiberd.
 package client
