@@ -90,8 +90,10 @@ type Config struct {
 	// Forget is how long a Pod that left the endpoints is remembered for
 	// Release and Park. Default DefaultForget.
 	Forget time.Duration
-	// Transport replaces the HTTP transport shared by every Pod's client;
-	// tests use it. Default: one built for TLS.
+	// Transport replaces the HTTP transport shared by every Pod's client
+	// (tests use it); it must carry TLS itself, and its owner closes its
+	// idle connections. Default: one built for TLS, whose connections
+	// Close closes.
 	Transport http.RoundTripper
 	// Logger receives the Pool's lines (Pods joining and leaving, failed
 	// attempts at V(1)). Default klog.Background().
@@ -257,6 +259,7 @@ func (p *Pool) refreshLocked(now time.Time) {
 	}
 	p.seen, p.version = true, snap.Version
 	listed := make([]*pod, 0, len(snap.Endpoints))
+	still := make(map[*pod]bool, len(snap.Endpoints))
 	for _, ep := range snap.Endpoints {
 		pd := p.pods[ep.PodUID]
 		if pd == nil || pd.ep.Addr != ep.Addr {
@@ -273,9 +276,10 @@ func (p *Pool) refreshLocked(now time.Time) {
 		}
 		pd.ep, pd.listed, pd.left = ep, true, time.Time{}
 		listed = append(listed, pd)
+		still[pd] = true
 	}
 	for _, pd := range p.listed {
-		if p.pods[pd.ep.PodUID] == pd && pd.left.IsZero() && !containsPod(listed, pd) {
+		if p.pods[pd.ep.PodUID] == pd && pd.left.IsZero() && !still[pd] {
 			pd.listed, pd.left = false, now
 			p.log.V(1).Info("grant Pod left the endpoints; its fibers stay reachable for Release and Park", "pod", pd.ep.PodName, "addr", pd.ep.Addr)
 		}
@@ -304,15 +308,6 @@ func (p *Pool) forgetLocked(now time.Time) {
 	for _, pd := range departed[:len(departed)-maxDeparted] {
 		delete(p.pods, pd.ep.PodUID)
 	}
-}
-
-func containsPod(ps []*pod, x *pod) bool {
-	for _, pd := range ps {
-		if pd == x {
-			return true
-		}
-	}
-	return false
 }
 
 // Clone asks the pool for a fiber. req names no grant (Grant and GrantUID
