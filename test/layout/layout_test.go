@@ -70,10 +70,14 @@ func TestImportsPointInward(t *testing.T) {
 			case under(p.ImportPath, "pkg/core") && own(d):
 				t.Errorf("%s imports %s: pkg/core imports nothing of the project", p.ImportPath, d)
 			case strings.HasPrefix(d, "k8s.io/client-go/") || d == "k8s.io/client-go":
-				if !under(p.ImportPath, "pkg/home/kubernetes") && !under(p.ImportPath, "cmd") &&
+				// The pool client watches a pool's EndpointSlices (docs/design.md
+				// decision 106): a caller's library, which the agent never imports.
+				if !under(p.ImportPath, "pkg/home/kubernetes") && !under(p.ImportPath, "pkg/client/pool") && !under(p.ImportPath, "cmd") &&
 					!under(p.ImportPath, "test") && !under(p.ImportPath, "bench") {
-					t.Errorf("%s depends on %s: only pkg/home/kubernetes, commands and tests may use client-go", p.ImportPath, d)
+					t.Errorf("%s depends on %s: only pkg/home/kubernetes, pkg/client/pool, commands and tests may use client-go", p.ImportPath, d)
 				}
+			case under(p.ImportPath, "pkg/fiberd") && under(d, "pkg/client"):
+				t.Errorf("%s imports %s: the agent never imports a client of itself", p.ImportPath, d)
 			case under(p.ImportPath, "pkg/home") && under(d, "pkg/fiberd"):
 				t.Errorf("%s imports %s: a home never imports the agent; satisfy its interfaces structurally", p.ImportPath, d)
 			case (under(p.ImportPath, "pkg/grant") || under(p.ImportPath, "pkg/endpoint") ||

@@ -58,7 +58,8 @@
 //
 // # Who imports it
 //
-// cmd/fiberctl (clone -pool) and callers of a pool. It imports pkg/client,
-// pkg/api, pkg/core and client-go, never the controller module: the
-// EndpointSlices and the label names are the whole contract.
+// cmd/fiberctl (clone, release and park -pool) and callers of a pool. It
+// imports pkg/client, pkg/api, pkg/core and client-go (test/layout allows
+// it here), never the controller module: the EndpointSlices and the label
+// names are the whole contract.
 package pool
