@@ -324,7 +324,7 @@ func TestOpenNamesMissingPermissions(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	_, err = Open(ctx, cs.DiscoveryV1().EndpointSlices(env.Namespace), Config{Namespace: env.Namespace, Name: "p"})
 	if err == nil {
