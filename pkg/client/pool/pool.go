@@ -147,8 +147,8 @@ type Pool struct {
 	sessions *sessionCache
 }
 
-// pod is what a Pool keeps of one grant Pod. Its counters are guarded by
-// Pool.mu.
+// pod is what a Pool keeps of one grant Pod. ep and c are set when it is
+// made and never change; the rest is guarded by Pool.mu.
 type pod struct {
 	ep       Endpoint
 	c        *client.Client
@@ -262,19 +262,30 @@ func (p *Pool) refreshLocked(now time.Time) {
 	still := make(map[*pod]bool, len(snap.Endpoints))
 	for _, ep := range snap.Endpoints {
 		pd := p.pods[ep.PodUID]
-		if pd == nil || pd.ep.Addr != ep.Addr {
-			c, err := client.New(client.Config{Addr: ep.Addr, TLS: p.cfg.TLS, Timeout: p.cfg.Timeout, Transport: p.cfg.Transport})
-			if err != nil {
-				p.log.Error(err, "grant Pod left out: its address is not host:port", "pod", ep.PodName, "addr", ep.Addr)
-				continue
+		if pd == nil || pd.ep != ep {
+			// A pod's ep and c never change once made: calls read them
+			// without the lock. A changed endpoint is a new pod, whose
+			// counts start afresh.
+			var c *client.Client
+			if pd != nil && pd.ep.Addr == ep.Addr {
+				c = pd.c
+			} else {
+				var err error
+				c, err = client.New(client.Config{Addr: ep.Addr, TLS: p.cfg.TLS, Timeout: p.cfg.Timeout, Transport: p.cfg.Transport})
+				if err != nil {
+					p.log.Error(err, "grant Pod left out: its address is not host:port", "pod", ep.PodName, "addr", ep.Addr)
+					continue
+				}
 			}
-			pd = &pod{c: c}
+			if pd == nil || !pd.listed {
+				p.log.V(1).Info("grant Pod serving", "pod", ep.PodName, "addr", ep.Addr, "node", ep.Node)
+			}
+			pd = &pod{ep: ep, c: c}
 			p.pods[ep.PodUID] = pd
-		}
-		if !pd.listed {
+		} else if !pd.listed {
 			p.log.V(1).Info("grant Pod serving", "pod", ep.PodName, "addr", ep.Addr, "node", ep.Node)
 		}
-		pd.ep, pd.listed, pd.left = ep, true, time.Time{}
+		pd.listed, pd.left = true, time.Time{}
 		listed = append(listed, pd)
 		still[pd] = true
 	}

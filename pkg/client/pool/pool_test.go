@@ -645,3 +645,73 @@ func TestPickerAsksEachPodOnceHomeFirst(t *testing.T) {
 		}
 	}
 }
+
+func TestConcurrentClonesUnderChurn(t *testing.T) {
+	as := agents(t, 4)
+	src := NewStaticSource(endpoints(as...)...)
+	p := newPool(t, src, nil)
+	ctx := ctxT(t, 30*time.Second)
+	home, err := p.Clone(ctx, api.CloneRequest{Session: "steady"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	homeAgent := podOfFiber(t, as, home.FiberID)
+	var others []*agent
+	for _, a := range as {
+		if a != homeAgent {
+			others = append(others, a)
+		}
+	}
+	// The other Pods come and go; the session's Pod stays listed.
+	stop := make(chan struct{})
+	churned := make(chan struct{})
+	go func() {
+		defer close(churned)
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			src.Set(endpoints(append([]*agent{homeAgent}, others[:i%len(others)]...)...)...)
+			time.Sleep(time.Millisecond)
+		}
+	}()
+	errs := make(chan error, 8)
+	for g := range 8 {
+		go func() {
+			for i := range 40 {
+				req := api.CloneRequest{}
+				if i%4 == 0 {
+					req.Session = "steady"
+				}
+				resp, err := p.Clone(ctx, req)
+				if err == nil && req.Session != "" && resp.FiberID != home.FiberID {
+					err = fmt.Errorf("goroutine %d: session went to %s, want %s", g, resp.FiberID, home.FiberID)
+				}
+				if err == nil && req.Session == "" {
+					err = p.Release(ctx, resp.FiberID)
+				}
+				if err != nil {
+					errs <- err
+					return
+				}
+			}
+			errs <- nil
+		}()
+	}
+	for range 8 {
+		if err := <-errs; err != nil {
+			t.Error(err)
+		}
+	}
+	close(stop)
+	<-churned
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, pd := range p.pods {
+		if pd.inflight != 0 {
+			t.Errorf("%s counts %d Clones under way after all ended", pd.ep.PodName, pd.inflight)
+		}
+	}
+}
