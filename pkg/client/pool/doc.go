@@ -15,9 +15,10 @@
 // watches them (an informer with resync) and keeps the endpoints that are
 // ready (a condition left unset counts as ready, as the API defines it),
 // not terminating, with an address, the "api" port and a Pod as target;
-// the Pod's UID is the grant UID a Clone names there. Open starts one for a
-// Pool and stops it on Close. Any other Source will do: StaticSource is a
-// fixed list.
+// the Pod's UID is the grant UID a Clone names there. It reads through a
+// SliceClient: client-go's typed client, or NewSliceClient's, which links
+// discovery.k8s.io/v1 alone. Open starts one for a Pool and stops it on
+// Close. Any other Source will do: StaticSource is a fixed list.
 //
 // # Which Pod
 //
