@@ -4,6 +4,7 @@ go 1.26.0
 
 require (
 	fiberd.io/fiberd v0.0.0
+	github.com/go-jose/go-jose/v4 v4.1.9
 	github.com/go-logr/logr v1.4.4
 	go.uber.org/goleak v1.3.0
 	k8s.io/api v0.37.2
