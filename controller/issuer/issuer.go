@@ -1,6 +1,7 @@
 package issuer
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -26,6 +27,11 @@ import (
 //
 // +kubebuilder:rbac:groups=authentication.k8s.io,resources=tokenreviews,verbs=create
 // +kubebuilder:rbac:groups="",resources=pods,verbs=get
+
+// DefaultURL is the issuer's URL in deploy/controller: its fiberd-issuer Service in
+// fiberd-system. cmd/fiberd-controller's -issuer-url defaults to it, and hands it to the pool
+// Reconciler, so the grant Pods it creates fetch their grants here.
+const DefaultURL = "https://fiberd-issuer.fiberd-system.svc"
 
 // Defaults of Config.
 const (
@@ -116,8 +122,21 @@ func (c Config) Validate() error {
 		return fmt.Errorf("issuer: margin %v is negative", c.Margin)
 	case c.ReviewTimeout < 0:
 		return fmt.Errorf("issuer: review timeout %v is negative", c.ReviewTimeout)
+	case c.Namespace == "":
+		return errors.New("issuer: the keys Secret's namespace is empty: name the controller's own")
+	}
+	if err := c.rotation().Validate(); err != nil {
+		return err
+	}
+	if resync := cmp.Or(c.Resync, DefaultResync); resync >= cmp.Or(c.Prepublish, DefaultPrepublish) {
+		return fmt.Errorf("issuer: key resync %v: want less than the prepublish time %v, so every replica publishes a key before it signs", resync, cmp.Or(c.Prepublish, DefaultPrepublish))
 	}
 	return nil
+}
+
+// rotation is the key ring's schedule: a retired key stays published for MaxLease + Margin.
+func (c Config) rotation() Rotation {
+	return Rotation{Period: c.RotationPeriod, Prepublish: c.Prepublish, Retention: c.MaxLease + c.Margin}
 }
 
 // Issuer is the controller's grant issuer: the shared grant exchange (pkg/issuer) with
@@ -146,7 +165,7 @@ func New(cfg Config, live client.Client, pools client.Reader) (*Issuer, error) {
 		Client:    live,
 		Namespace: cfg.Namespace,
 		Name:      cfg.SecretName,
-		Rotation:  Rotation{Period: cfg.RotationPeriod, Prepublish: cfg.Prepublish, Retention: cfg.MaxLease + cfg.Margin},
+		Rotation:  cfg.rotation(),
 		Resync:    cfg.Resync,
 		Clock:     cfg.Clock,
 		Logger:    cfg.Logger,
