@@ -58,7 +58,7 @@ type Config struct {
 	// ListenAddress is where Start serves HTTPS, such as ":8443". Required by Start.
 	ListenAddress string
 	// CertFile and KeyFile are the PEM serving certificate (chain) for IssuerURL's host and its
-	// key. Required by Start.
+	// key. Required by Start, which loads them again whenever they change.
 	CertFile, KeyFile string
 	// Namespace and SecretName locate the keys Secret. Namespace is required (the controller's
 	// own); SecretName defaults to DefaultSecretName.
@@ -207,14 +207,15 @@ func (i *Issuer) NeedLeaderElection() bool { return false }
 // Start serves HTTPS on Config.ListenAddress and keeps the key ring until ctx ends; then it
 // stops serving (requests in flight get shutdownGrace) and returns once both have ended. It
 // fails at once when the certificate cannot be loaded or the address cannot be listened on, and
-// when serving fails.
+// when serving fails. The certificate files are watched: a handshake after either changed loads
+// them again (a renewed Secret needs no restart).
 func (i *Issuer) Start(ctx context.Context) error {
 	if i.cfg.ListenAddress == "" || i.cfg.CertFile == "" || i.cfg.KeyFile == "" {
 		return errors.New("issuer: a listen address, a certificate and its key are needed to serve")
 	}
-	cert, err := tls.LoadX509KeyPair(i.cfg.CertFile, i.cfg.KeyFile)
+	certs, err := newCertReloader(i.cfg.CertFile, i.cfg.KeyFile, i.cfg.Logger)
 	if err != nil {
-		return fmt.Errorf("issuer: serving certificate %s and key %s: %w", i.cfg.CertFile, i.cfg.KeyFile, err)
+		return err
 	}
 	ln, err := net.Listen("tcp", i.cfg.ListenAddress)
 	if err != nil {
@@ -222,7 +223,7 @@ func (i *Issuer) Start(ctx context.Context) error {
 	}
 	hs := &http.Server{
 		Handler:           i.server,
-		TLSConfig:         &tls.Config{MinVersion: tls.VersionTLS12, Certificates: []tls.Certificate{cert}},
+		TLSConfig:         &tls.Config{MinVersion: tls.VersionTLS12, GetCertificate: certs.GetCertificate},
 		ReadHeaderTimeout: 10 * time.Second,
 		ReadTimeout:       30 * time.Second,
 		WriteTimeout:      30 * time.Second,
