@@ -47,6 +47,12 @@
 // same keys. The first key of a new ring signs at once: no fiberd knows the issuer's keys yet,
 // and one that meets an unknown kid refreshes them.
 //
+// # Metrics
+//
+// fiberd_issuer_grant_requests_total{code} counts the answers to /v1/grant by HTTP status, and
+// fiberd_issuer_published_keys is the number of keys in the JWKS, in controller-runtime's
+// registry (the controller's -metrics-bind-address).
+//
 // # Who imports it
 //
 // cmd/fiberd-controller, which runs an Issuer as a manager Runnable on every replica. It imports

@@ -143,9 +143,10 @@ func (c Config) rotation() Rotation {
 // PoolPolicy and a KeyRing. As a manager Runnable it serves HTTPS and keeps the ring on every
 // replica, leader or not, so every replica the issuer's Service selects answers.
 type Issuer struct {
-	cfg    Config
-	ring   *KeyRing
-	server *shared.Server
+	cfg     Config
+	ring    *KeyRing
+	server  *shared.Server
+	handler http.Handler
 }
 
 // New builds the issuer. live must read from the API server, not a cache: it reviews tokens,
@@ -187,12 +188,13 @@ func New(cfg Config, live client.Client, pools client.Reader) (*Issuer, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Issuer{cfg: cfg, ring: ring, server: srv}, nil
+	registerMetrics()
+	return &Issuer{cfg: cfg, ring: ring, server: srv, handler: counted(srv)}, nil
 }
 
 // Handler is the issuer's HTTP handler: discovery, JWKS, /v1/grant and /healthz under the
-// issuer URL's path.
-func (i *Issuer) Handler() http.Handler { return i.server }
+// issuer URL's path. It counts grant answers in fiberd_issuer_grant_requests_total.
+func (i *Issuer) Handler() http.Handler { return i.handler }
 
 // Ring is the issuer's key ring.
 func (i *Issuer) Ring() *KeyRing { return i.ring }
@@ -222,7 +224,7 @@ func (i *Issuer) Start(ctx context.Context) error {
 		return fmt.Errorf("issuer: listen on %s: %w", i.cfg.ListenAddress, err)
 	}
 	hs := &http.Server{
-		Handler:           i.server,
+		Handler:           i.handler,
 		TLSConfig:         &tls.Config{MinVersion: tls.VersionTLS12, GetCertificate: certs.GetCertificate},
 		ReadHeaderTimeout: 10 * time.Second,
 		ReadTimeout:       30 * time.Second,

@@ -349,6 +349,7 @@ func (r *KeyRing) Sync(ctx context.Context) error {
 			return fmt.Errorf("issuer: Secret %s: %w", key, err)
 		}
 		r.state.Store(st)
+		publishedKeys.Set(float64(len(st.keys)))
 		return nil
 	}
 	return fmt.Errorf("issuer: Secret %s changed under every one of %d attempts to rotate it", key, maxSyncAttempts)

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	dto "github.com/prometheus/client_model/go"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -236,6 +237,12 @@ func TestIssuerMintsFromPool(t *testing.T) {
 	if rec := get(shared.PathGrant, "forged"); rec.Code != http.StatusUnauthorized {
 		t.Fatalf("a token the review refuses: %d, want 401", rec.Code)
 	}
+	if got := counterValue(t, "403"); got < 1 {
+		t.Errorf("fiberd_issuer_grant_requests_total{code=\"403\"} = %v after a refusal", got)
+	}
+	if got := counterValue(t, "200"); got < 1 {
+		t.Errorf("fiberd_issuer_grant_requests_total{code=\"200\"} = %v after a grant", got)
+	}
 
 	var cur v1alpha1.FiberPool
 	if err := base.Get(ctx, client.ObjectKey{Namespace: "apps", Name: "web"}, &cur); err != nil {
@@ -251,3 +258,13 @@ func TestIssuerMintsFromPool(t *testing.T) {
 }
 
 func slicesEqual(a, b []string) bool { return strings.Join(a, "\x00") == strings.Join(b, "\x00") }
+
+// counterValue is fiberd_issuer_grant_requests_total{code}.
+func counterValue(t *testing.T, code string) float64 {
+	t.Helper()
+	var m dto.Metric
+	if err := grantRequests.WithLabelValues(code).Write(&m); err != nil {
+		t.Fatal(err)
+	}
+	return m.GetCounter().GetValue()
+}
