@@ -8,16 +8,12 @@ import (
 	"strings"
 	"testing"
 
-	"go.uber.org/goleak"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/yaml"
 
 	"fiberd.io/fiberd/controller/issuer"
 )
-
-// TestMain checks that the tests leave no goroutine behind.
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 // TestIssuerFlags: by default the controller serves grants itself at the URL its grant Pods are
 // pointed at; the issuer's flags are checked before anything starts.
