@@ -380,18 +380,18 @@ func (r *KeyRing) logChange(before, after []ringKey, now time.Time) {
 // Run syncs at once and then every Resync until ctx ends; a failed sync is logged and retried
 // sooner, with a backoff from one second up to Resync. It returns nil when ctx ends.
 func (r *KeyRing) Run(ctx context.Context) error {
-	backoff := time.Second
+	backoff := min(time.Second, r.cfg.Resync)
 	for {
 		wait := r.cfg.Resync
 		if err := r.Sync(ctx); err != nil {
 			if ctx.Err() != nil {
 				return nil
 			}
-			wait = min(backoff, r.cfg.Resync)
-			backoff *= 2
+			wait = backoff
+			backoff = min(2*backoff, r.cfg.Resync)
 			r.cfg.Logger.Error(err, "Issuer key sync failed; retrying", "retryIn", wait.String(), "loaded", r.Loaded() == nil)
 		} else {
-			backoff = time.Second
+			backoff = min(time.Second, r.cfg.Resync)
 		}
 		t := r.cfg.Clock.NewTimer(wait)
 		select {

@@ -3,6 +3,7 @@ package issuer
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -299,4 +300,45 @@ func TestNewKeyRingValidates(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestKeyRingRunRetries: a sync that fails (the API server down) is retried a second later, not
+// a resync later, and the keys load once it answers.
+func TestKeyRingRunRetries(t *testing.T) {
+	var down atomic.Bool
+	down.Store(true)
+	c := interceptor.NewClient(testScheme(t).Build().(client.WithWatch), interceptor.Funcs{
+		Get: func(ctx context.Context, c client.WithWatch, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
+			if down.Load() {
+				return errors.New("connection refused")
+			}
+			return c.Get(ctx, key, obj, opts...)
+		},
+	})
+	clk := clocktesting.NewFakeClock(t0)
+	r := newRing(t, c, clk)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	defer func() {
+		cancel()
+		<-done
+	}()
+	waitFor := func(what string, cond func() bool) {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for !cond() {
+			if time.Now().After(deadline) {
+				t.Fatal(what)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	waitFor("Run did not wait after the failed sync", clk.HasWaiters)
+	if r.Loaded() == nil {
+		t.Fatal("keys loaded while the API server is down")
+	}
+	down.Store(false)
+	clk.Step(time.Second)
+	waitFor("the keys did not load a second after the API server came back", func() bool { return r.Loaded() == nil })
 }
