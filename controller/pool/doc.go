@@ -20,10 +20,12 @@
 //
 // # What it does not do yet
 //
-// Issue grants (the development issuer, cmd/grant-issuer, reads the Pods' annotations; the
-// pool's fibersWarm, wBudget and lease wait for the controller's issuer), drain a Pod before
-// deleting it on scale-down, roll Pods when the template or image changes (a change reaches new
-// Pods only), scale on fibers in use, adopt Pods it does not control, or count fibers in use.
+// It does not issue grants: package issuer does, which cmd/fiberd-controller runs beside the
+// Reconciler and points the grant Pods at (Shape.IssuerURL); it mints each Pod's grant from the
+// Pod's fiberd.io/template annotation and the pool's fibersMax, fibersWarm, wBudget and lease. It
+// does not yet drain a Pod before deleting it on scale-down, roll Pods when the template or image
+// changes (a change reaches new Pods only), scale on fibers in use, adopt Pods it does not
+// control, or count fibers in use.
 //
 // # Who imports it
 //
