@@ -162,6 +162,7 @@ func TestPoolLifecycle(t *testing.T) {
 	defer cancel()
 	p := testPool(nil)
 	p.UID, p.Namespace = "", env.Namespace
+	p.Spec.DrainGracePeriod = &metav1.Duration{Duration: time.Second}
 	if err := c.Create(ctx, p); err != nil {
 		t.Fatal(err)
 	}
