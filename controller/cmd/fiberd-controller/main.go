@@ -8,6 +8,8 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
 
@@ -22,6 +24,7 @@ import (
 
 	"fiberd.io/fiberd/controller/api/v1alpha1"
 	"fiberd.io/fiberd/controller/pool"
+	fclient "fiberd.io/fiberd/pkg/client"
 )
 
 // options are the command's flags.
@@ -34,6 +37,9 @@ type options struct {
 	issuerURL     string
 	verbosity     int
 	leaseDuration time.Duration
+	tlsDir        string
+	serverName    string
+	fibersEvery   time.Duration
 }
 
 // parseFlags reads args into options, refusing what cannot work with a message naming the flag.
@@ -48,6 +54,9 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.StringVar(&o.leaderID, "leader-election-id", "fiberd-controller.fiberd.io", "name of the leader election Lease")
 	fs.DurationVar(&o.leaseDuration, "leader-election-lease-duration", 15*time.Second, "how long a leader that stopped renewing keeps the Lease")
 	fs.StringVar(&o.issuerURL, "issuer-url", pool.DefaultIssuerURL, "the issuer grant Pods fetch their grants from (fiberd's -issuer and -grant-issuer-url, the audience of their grant token)")
+	fs.StringVar(&o.tlsDir, "fiberd-tls-dir", "", "directory of the client certificate the controller reads grant Pods' fibers in use with (GET /v1/status on their API port): tls.crt and tls.key, signed by the grant Pods' client CA, and ca.crt, the CA of fiberd's serving certificate. Empty, or a directory with none of the three: fibers in use are unknown and drains wait their whole grace period")
+	fs.StringVar(&o.serverName, "fiberd-server-name", pool.DefaultFibersServerName, `name checked in fiberd's serving certificate while dialling a grant Pod's IP; "{namespace}" and "{pool}" are replaced by the Pod's`)
+	fs.DurationVar(&o.fibersEvery, "fibers-interval", pool.DefaultFibersInterval, "how often each grant Pod's fibers in use are read, at most")
 	fs.IntVar(&o.verbosity, "v", 0, "log verbosity: 0 logs each Pod created or deleted, higher values add controller-runtime's detail")
 	config.RegisterFlags(fs)
 	if err := fs.Parse(args); err != nil {
@@ -65,7 +74,43 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	if err := (pool.Config{Shape: pool.Shape{IssuerURL: o.issuerURL}}).Validate(); err != nil {
 		return o, fmt.Errorf("-issuer-url: %w", err)
 	}
+	if o.fibersEvery < time.Second {
+		return o, fmt.Errorf("-fibers-interval %s: want 1s or more", o.fibersEvery)
+	}
 	return o, nil
+}
+
+// fibersConfig builds the pool's FibersConfig from the flags, reading -fiberd-tls-dir: all three
+// files, or none (a Secret not made yet: fibers in use unknown, said in the log and in each
+// pool's FibersCounted condition). One or two of them is an error naming what is missing.
+func fibersConfig(o options) (pool.FibersConfig, error) {
+	fc := pool.FibersConfig{ServerName: o.serverName, Interval: o.fibersEvery}
+	if o.tlsDir == "" {
+		return fc, nil
+	}
+	files := []string{"tls.crt", "tls.key", "ca.crt"}
+	var present, missing []string
+	for _, f := range files {
+		if _, err := os.Stat(filepath.Join(o.tlsDir, f)); err == nil {
+			present = append(present, f)
+		} else {
+			missing = append(missing, f)
+		}
+	}
+	switch len(present) {
+	case 0:
+		return fc, nil
+	case len(files):
+	default:
+		return fc, fmt.Errorf("-fiberd-tls-dir %s has %s but not %s: give all three (or none, to leave fibers in use unknown)",
+			o.tlsDir, strings.Join(present, ", "), strings.Join(missing, ", "))
+	}
+	cfg, err := fclient.TLSConfig(filepath.Join(o.tlsDir, "tls.crt"), filepath.Join(o.tlsDir, "tls.key"), filepath.Join(o.tlsDir, "ca.crt"))
+	if err != nil {
+		return fc, fmt.Errorf("-fiberd-tls-dir: %w", err)
+	}
+	fc.TLS = cfg
+	return fc, nil
 }
 
 func main() {
@@ -124,9 +169,16 @@ func run(ctx context.Context, o options, log logr.Logger) error {
 	if err := mgr.AddReadyzCheck("readyz", healthz.Ping); err != nil {
 		return err
 	}
-	if err := pool.Setup(ctx, mgr, pool.Config{Shape: pool.Shape{IssuerURL: o.issuerURL}}); err != nil {
+	fibers, err := fibersConfig(o)
+	if err != nil {
 		return err
 	}
-	log.Info("starting", "leaderElection", o.leaderElect, "issuer", o.issuerURL)
+	if err := pool.Setup(ctx, mgr, pool.Config{Shape: pool.Shape{IssuerURL: o.issuerURL}, Fibers: fibers}); err != nil {
+		return err
+	}
+	if fibers.TLS == nil {
+		log.Info("no client certificate for fiberd's API (-fiberd-tls-dir): fibers in use are unknown, draining grant pods wait their whole grace period")
+	}
+	log.Info("starting", "leaderElection", o.leaderElect, "issuer", o.issuerURL, "fibersInUse", fibers.TLS != nil)
 	return mgr.Start(ctx)
 }
