@@ -133,7 +133,8 @@ func TestPoolService(t *testing.T) {
 
 // TestPoolDrain scales a pool of 4 to 2 with fibers in use read from fake fiberds over TLS: both
 // Pods leave the Service at once (serving=false), the one without fibers is deleted at its first
-// count, the one with fibers when the grace period ends, also across a controller restart.
+// count after the drain settled (drainSettle), the one with fibers when the grace period ends,
+// also across a controller restart.
 func TestPoolDrain(t *testing.T) {
 	env := kubeapi.NewEnv(t)
 	c := newClient(t, env)
@@ -146,7 +147,7 @@ func TestPoolDrain(t *testing.T) {
 	stop := startManagerWith(t, env, cfg)
 	defer func() { stop() }()
 
-	const grace = 8 * time.Second
+	const grace = 12 * time.Second
 	p := newPool(t, env, c, func(p *v1alpha1.FiberPool) { p.Spec.DrainGracePeriod = &metav1.Duration{Duration: grace} })
 	eventually(t, "4 ready, 4 fibers in use", func() bool {
 		simulate(t, env, listPods(t, env, "web"))
@@ -157,13 +158,25 @@ func TestPoolDrain(t *testing.T) {
 
 	patchPool(t, c, p, `{"spec":{"replicas":2}}`)
 	start := time.Now()
-	var web3 corev1.Pod
+	eventually(t, "web-2 and web-3 out of the service", func() bool {
+		pods := listPods(t, env, "web")
+		n := 0
+		for _, pod := range pods {
+			if pod.Labels[LabelServing] == "false" && pod.Annotations[AnnotationDrainStarted] != "" {
+				n++
+			}
+		}
+		return n == 2
+	})
 	eventually(t, "web-2 deleted, web-3 draining", func() bool {
 		pods := live(listPods(t, env, "web"))
-		web3 = pods["web-3"]
+		web3 := pods["web-3"]
 		_, has2 := pods["web-2"]
-		return !has2 && web3.Labels[LabelServing] == "false" && web3.Annotations[AnnotationDrainStarted] != ""
+		return !has2 && web3.Labels[LabelServing] == "false"
 	})
+	if took := time.Since(start); took < drainSettle-time.Second || took > grace-2*time.Second {
+		t.Errorf("web-2, with no fibers, deleted %v after the drain started; want after drainSettle (%v), well before the grace period (%v)", took, drainSettle, grace)
+	}
 	s := getPool(t, c, p).Status
 	if s.DrainingReplicas != 1 || s.ReadyReplicas != 2 || s.Replicas != 2 {
 		t.Errorf("status draining %d ready %d replicas %d, want 1 2 2", s.DrainingReplicas, s.ReadyReplicas, s.Replicas)

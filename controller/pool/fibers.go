@@ -88,6 +88,12 @@ func (c FibersConfig) validate() error {
 	return nil
 }
 
+// fiberCount is the fibers in use a Pod reported, and when they were read.
+type fiberCount struct {
+	n  int64
+	at time.Time
+}
+
 // fiberSample is one read of a Pod's fibers in use.
 type fiberSample struct {
 	inUse int64
@@ -143,11 +149,12 @@ func countable(pod *corev1.Pod) bool {
 	return pod.Status.PodIP != "" && pod.Status.Phase == corev1.PodRunning && pod.DeletionTimestamp == nil
 }
 
-// count returns the fibers in use of pool's countable pods, by UID, reading those whose last
+// count returns the fibers in use of pool's countable pods, by UID, with when each was read,
+// reading those whose last
 // count is older than the interval (at most Concurrency at once, each within Timeout), and the
 // names of the Pods whose count is unknown, with why. It forgets the Pods of pool not in pods.
 // It returns once every read it started has ended.
-func (f *fiberCounter) count(ctx context.Context, pool types.NamespacedName, pods []*corev1.Pod, now time.Time) (map[types.UID]int64, []string) {
+func (f *fiberCounter) count(ctx context.Context, pool types.NamespacedName, pods []*corev1.Pod, now time.Time) (map[types.UID]fiberCount, []string) {
 	f.mu.Lock()
 	old := f.samples[pool]
 	f.mu.Unlock()
@@ -186,7 +193,7 @@ func (f *fiberCounter) count(ctx context.Context, pool types.NamespacedName, pod
 	f.samples[pool] = fresh
 	f.mu.Unlock()
 
-	inUse := map[types.UID]int64{}
+	inUse := map[types.UID]fiberCount{}
 	var unknown []string
 	for _, pod := range pods {
 		s, ok := fresh[pod.UID]
@@ -195,7 +202,7 @@ func (f *fiberCounter) count(ctx context.Context, pool types.NamespacedName, pod
 		case s.err != nil:
 			unknown = append(unknown, fmt.Sprintf("%s: %v", pod.Name, s.err))
 		default:
-			inUse[pod.UID] = s.inUse
+			inUse[pod.UID] = fiberCount{n: s.inUse, at: s.at}
 		}
 	}
 	return inUse, unknown

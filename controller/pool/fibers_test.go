@@ -50,7 +50,7 @@ func TestFiberCounter(t *testing.T) {
 	pods := fakePods("127.0.0.1", "127.0.0.2", "127.0.0.3", "")
 
 	inUse, unknown := c.count(context.Background(), webKey, pods, t0)
-	if len(inUse) != 2 || inUse["uid-0"] != 3 || inUse["uid-1"] != 0 {
+	if len(inUse) != 2 || inUse["uid-0"] != (fiberCount{3, t0}) || inUse["uid-1"] != (fiberCount{0, t0}) {
 		t.Errorf("in use %v, want uid-0: 3 (two grants summed), uid-1: 0", inUse)
 	}
 	if len(unknown) != 1 || !strings.HasPrefix(unknown[0], "web-2: ") || !strings.Contains(unknown[0], "503") {
@@ -59,11 +59,11 @@ func TestFiberCounter(t *testing.T) {
 
 	f.pod("127.0.0.1", 7)
 	inUse, _ = c.count(context.Background(), webKey, pods, t0.Add(cfg.Interval-time.Second))
-	if inUse["uid-0"] != 3 || f.readsOf("127.0.0.1") != 1 {
+	if inUse["uid-0"].n != 3 || f.readsOf("127.0.0.1") != 1 {
 		t.Errorf("within the interval: in use %v after %d reads, want the count kept and no new read", inUse, f.readsOf("127.0.0.1"))
 	}
 	inUse, _ = c.count(context.Background(), webKey, pods, t0.Add(cfg.Interval))
-	if inUse["uid-0"] != 7 || f.readsOf("127.0.0.1") != 2 {
+	if inUse["uid-0"].n != 7 || f.readsOf("127.0.0.1") != 2 {
 		t.Errorf("after the interval: in use %v after %d reads, want 7 read again", inUse, f.readsOf("127.0.0.1"))
 	}
 

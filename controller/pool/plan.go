@@ -17,6 +17,12 @@ import (
 // it too).
 const DefaultDrainGracePeriod = 5 * time.Minute
 
+// drainSettle is how long after a Pod started draining a count of no fibers in use must have
+// been read to end the drain (or the grace period, if shorter). A client that picked the Pod from
+// the Service's EndpointSlices just before it left them has had that long to Clone on it, and a
+// count read before the drain started says nothing of the fibers created since.
+const drainSettle = 5 * time.Second
+
 // plan is what one reconcile of a pool does to its grant Pods, worked out from the Pods it
 // controls, the clock and the fibers in use its Pods last reported, without any I/O.
 type plan struct {
@@ -25,7 +31,8 @@ type plan struct {
 	create []int32
 	// remove are the Pods to delete now: failed ones, ones whose name or ordinal label is not
 	// the controller's, and draining ones done draining (no fibers in use, never started, or
-	// past the grace period).
+	// past the grace period; a count of no fibers ends a drain only when read drainSettle after
+	// it started).
 	remove []*corev1.Pod
 	// drain are the Pods to start draining now: scale-down (ordinals above spec.replicas,
 	// highest first), then at most one Pod of an older revision for the roll. A Pod that never
@@ -63,8 +70,9 @@ type planInput struct {
 	now time.Time
 	// revision is the pool's current revision (Revision).
 	revision string
-	// inUse are the fibers in use each Pod last reported, by UID; a Pod absent is unknown.
-	inUse map[types.UID]int64
+	// inUse are the fibers in use each Pod last reported, by UID, and when; a Pod absent is
+	// unknown.
+	inUse map[types.UID]fiberCount
 }
 
 // planFor works out p's plan from pods, the Pods of p's namespace the cache has for p. It
@@ -237,11 +245,11 @@ func planFor(p *v1alpha1.FiberPool, pods []corev1.Pod, in planInput) plan {
 			continue
 		}
 		deadline := started.Add(grace)
-		n, known := in.inUse[pod.UID]
+		c, known := in.inUse[pod.UID]
 		switch {
 		case pod.Status.PodIP == "":
 			pl.remove = append(pl.remove, pod) // never ran: no fiber was reachable on it
-		case known && n == 0:
+		case known && c.n == 0 && !c.at.Before(started.Add(min(drainSettle, grace))):
 			pl.remove = append(pl.remove, pod)
 		case !in.now.Before(deadline):
 			pl.remove = append(pl.remove, pod)

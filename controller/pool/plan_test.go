@@ -67,7 +67,7 @@ func TestPlan(t *testing.T) {
 		replicas  int32
 		grace     *time.Duration
 		pods      []corev1.Pod
-		inUse     map[types.UID]int64
+		inUse     map[types.UID]fiberCount
 		create    []int32
 		remove    []string
 		drain     []string
@@ -109,20 +109,34 @@ func TestPlan(t *testing.T) {
 		{
 			name: "a draining pod with fibers in use waits its grace period", replicas: 1,
 			pods:   []corev1.Pod{pod(0, nil), pod(1, draining(t0.Add(-time.Minute)))},
-			inUse:  map[types.UID]int64{uid(1): 3},
+			inUse:  map[types.UID]fiberCount{uid(1): {n: 3, at: t0}},
 			active: []string{"web-0"}, draining: []string{"web-1"}, scaleDown: 1,
 			next: t0.Add(DefaultDrainGracePeriod - time.Minute),
 		},
 		{
 			name: "a draining pod whose fibers ended is deleted", replicas: 1,
 			pods:   []corev1.Pod{pod(0, nil), pod(1, draining(t0.Add(-time.Minute)))},
-			inUse:  map[types.UID]int64{uid(1): 0},
+			inUse:  map[types.UID]fiberCount{uid(1): {n: 0, at: t0}},
 			remove: []string{"web-1"}, active: []string{"web-0"}, scaleDown: 1,
+		},
+		{
+			name: "no fibers counted before the drain settled is not enough", replicas: 1,
+			pods:   []corev1.Pod{pod(0, nil), pod(1, draining(t0.Add(-time.Second)))},
+			inUse:  map[types.UID]fiberCount{uid(1): {n: 0, at: t0}},
+			active: []string{"web-0"}, draining: []string{"web-1"}, scaleDown: 1,
+			next: t0.Add(DefaultDrainGracePeriod - time.Second),
+		},
+		{
+			name: "no fibers counted before the drain started is not enough", replicas: 1,
+			pods:   []corev1.Pod{pod(0, nil), pod(1, draining(t0.Add(-time.Minute)))},
+			inUse:  map[types.UID]fiberCount{uid(1): {n: 0, at: t0.Add(-2 * time.Minute)}},
+			active: []string{"web-0"}, draining: []string{"web-1"}, scaleDown: 1,
+			next: t0.Add(DefaultDrainGracePeriod - time.Minute),
 		},
 		{
 			name: "a draining pod past its grace period is deleted, fibers or not", replicas: 1,
 			pods:   []corev1.Pod{pod(0, nil), pod(1, draining(t0.Add(-DefaultDrainGracePeriod)))},
-			inUse:  map[types.UID]int64{uid(1): 5},
+			inUse:  map[types.UID]fiberCount{uid(1): {n: 5, at: t0}},
 			remove: []string{"web-1"}, active: []string{"web-0"}, scaleDown: 1,
 		},
 		{
@@ -212,13 +226,13 @@ type sim struct {
 	pods      map[string]corev1.Pod
 	now       time.Time
 	step      time.Duration
-	inUse     map[types.UID]int64
+	inUse     map[types.UID]fiberCount
 	fibersEnd bool // draining Pods report 0 fibers in use once drained for a step
 	seq       int
 }
 
 func newSim(t *testing.T, pool *v1alpha1.FiberPool) *sim {
-	s := &sim{t: t, pool: pool, pods: map[string]corev1.Pod{}, now: t0, step: 10 * time.Second, inUse: map[types.UID]int64{}}
+	s := &sim{t: t, pool: pool, pods: map[string]corev1.Pod{}, now: t0, step: 10 * time.Second, inUse: map[types.UID]fiberCount{}}
 	for o := range *pool.Spec.Replicas {
 		pod := runningPod(t, pool, o, nil)
 		s.pods[pod.Name] = pod
@@ -243,7 +257,7 @@ func (s *sim) reconcile() plan {
 		q := s.pods[pod.Name]
 		draining(s.now)(&q)
 		s.pods[pod.Name] = q
-		s.inUse[q.UID] = 2
+		s.inUse[q.UID] = fiberCount{n: 2, at: s.now}
 	}
 	for _, pod := range pl.remove {
 		delete(s.pods, pod.Name)
@@ -268,7 +282,7 @@ func (s *sim) reconcile() plan {
 	if s.fibersEnd {
 		for _, q := range s.pods {
 			if q.Labels[LabelServing] == "false" {
-				s.inUse[q.UID] = 0
+				s.inUse[q.UID] = fiberCount{n: 0, at: s.now.Add(s.step)}
 			}
 		}
 	}

@@ -170,7 +170,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	}
 	now := r.cfg.Clock.Now()
 
-	var inUse map[types.UID]int64
+	var inUse map[types.UID]fiberCount
 	var unknown []string
 	if r.fibers != nil {
 		var mine []*corev1.Pod
@@ -307,7 +307,7 @@ func (r *Reconciler) createPods(ctx context.Context, log logr.Logger, p *v1alpha
 // the same name is never deleted by mistake). A Pod already gone or replaced is not an error.
 // inUse, the fibers in use the Pods last reported, is for the log. It returns the failures
 // joined.
-func (r *Reconciler) deletePods(ctx context.Context, log logr.Logger, pods []*corev1.Pod, inUse map[types.UID]int64) error {
+func (r *Reconciler) deletePods(ctx context.Context, log logr.Logger, pods []*corev1.Pod, inUse map[types.UID]fiberCount) error {
 	var errs []error
 	for _, pod := range pods {
 		uid := pod.UID
@@ -317,8 +317,8 @@ func (r *Reconciler) deletePods(ctx context.Context, log logr.Logger, pods []*co
 			kv := []any{"pod", pod.Name, "phase", pod.Status.Phase}
 			if started, ok := drainStarted(pod); ok && pod.Labels[LabelServing] == "false" {
 				kv = append(kv, "drainStarted", started)
-				if n, ok := inUse[pod.UID]; ok {
-					kv = append(kv, "fibersInUse", n)
+				if c, ok := inUse[pod.UID]; ok {
+					kv = append(kv, "fibersInUse", c.n)
 				}
 			}
 			log.Info("deleted grant pod", kv...)
@@ -338,7 +338,7 @@ type failures struct {
 // setStatus writes into p.Status what this reconcile saw and did: pl's active Pods plus those
 // created are the replicas, the active ready ones the ready replicas, inUse (by Pod UID) the
 // fibers in use, unknown the Pods whose fibers in use could not be read.
-func (r *Reconciler) setStatus(p *v1alpha1.FiberPool, pl plan, revision string, created int, inUse map[types.UID]int64, unknown []string, f failures) {
+func (r *Reconciler) setStatus(p *v1alpha1.FiberPool, pl plan, revision string, created int, inUse map[types.UID]fiberCount, unknown []string, f failures) {
 	want := int32(0)
 	if p.Spec.Replicas != nil {
 		want = *p.Spec.Replicas
@@ -360,8 +360,8 @@ func (r *Reconciler) setStatus(p *v1alpha1.FiberPool, pl plan, revision string, 
 	s.Fibers.InUse = nil
 	if len(inUse) > 0 {
 		var n int64
-		for _, v := range inUse {
-			n += v
+		for _, c := range inUse {
+			n += c.n
 		}
 		s.Fibers.InUse = &n
 	}
