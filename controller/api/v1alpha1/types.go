@@ -8,8 +8,11 @@ import (
 
 // FiberPool is a pool of grant Pods of one template in one namespace. The controller keeps
 // spec.replicas grant Pods, named "<pool>-<ordinal>" with ordinals 0 to replicas-1, each running
-// fiberd with a grant of the pool's template for up to spec.fibersMax fibers, and reports in
-// status how many are ready and how many fibers they can hold.
+// fiberd with a grant of the pool's template for up to spec.fibersMax fibers, and a headless
+// Service named like the pool whose EndpointSlices list the ready ones that take new sessions.
+// It drains a Pod before deleting it, rolls a spec change one Pod at a time through one extra
+// Pod (ordinal replicas), and reports in status how many are ready and how many fibers they can
+// hold and hold now.
 //
 // The name is at most 52 characters, so that "<pool>-<ordinal>" stays a DNS-1123 label and the
 // pool's name fits the fiberd.io/pool label.
@@ -232,10 +235,12 @@ const (
 	// ConditionAvailable is True when at least spec.replicas grant Pods are ready (reason
 	// ReasonReplicasReady), False otherwise (ReasonReplicasNotReady).
 	ConditionAvailable = "Available"
-	// ConditionProgressing is True while the controller is creating grant Pods
-	// (ReasonScalingUp), deleting those above spec.replicas (ReasonScalingDown), replacing failed
-	// or deleted ones (ReasonReplacing) or waiting for them to become ready
-	// (ReasonWaitingForReady); False once every Pod the spec asks for is ready (ReasonSettled).
+	// ConditionProgressing is True while the controller is replacing grant Pods of an older
+	// revision one at a time (ReasonRollingUpdate), creating grant Pods (ReasonScalingUp),
+	// draining those above spec.replicas (ReasonDraining), replacing failed or deleted ones
+	// (ReasonReplacing) or waiting for them to become ready (ReasonWaitingForReady); False once
+	// every Pod the spec asks for is ready (ReasonSettled). ReasonScalingDown is no longer set:
+	// Pods above spec.replicas drain.
 	ConditionProgressing = "Progressing"
 	// ConditionReplicaFailure is True when the last reconcile could not create, delete or drain
 	// a grant Pod, or keep the pool's Service (ReasonCreateFailed, ReasonDeleteFailed,
