@@ -109,6 +109,15 @@ func CacheOptions() cache.Options {
 	}}
 }
 
+// poolOf is the ownerIndex of a Pod: the name of the FiberPool that controls it, if one does.
+func poolOf(o client.Object) []string {
+	ref := metav1.GetControllerOf(o)
+	if ref == nil || ref.Kind != "FiberPool" || ref.APIVersion != v1alpha1.GroupVersion.String() {
+		return nil
+	}
+	return []string{ref.Name}
+}
+
 // Setup validates cfg, registers the Pods' owner index with mgr's cache and adds a Reconciler
 // to mgr, watching FiberPools and the Pods and Services they control. It starts nothing: mgr.Start does.
 func Setup(ctx context.Context, mgr ctrl.Manager, cfg Config) error {
@@ -116,13 +125,7 @@ func Setup(ctx context.Context, mgr ctrl.Manager, cfg Config) error {
 		return err
 	}
 	cfg = cfg.withDefaults()
-	err := mgr.GetFieldIndexer().IndexField(ctx, &corev1.Pod{}, ownerIndex, func(o client.Object) []string {
-		ref := metav1.GetControllerOf(o)
-		if ref == nil || ref.Kind != "FiberPool" || ref.APIVersion != v1alpha1.GroupVersion.String() {
-			return nil
-		}
-		return []string{ref.Name}
-	})
+	err := mgr.GetFieldIndexer().IndexField(ctx, &corev1.Pod{}, ownerIndex, poolOf)
 	if err != nil {
 		return fmt.Errorf("pool: index of pods by pool: %w", err)
 	}
