@@ -122,11 +122,11 @@ func planFor(p *v1alpha1.FiberPool, pods []corev1.Pod, in planInput) plan {
 		taken[ordinal] = true
 		switch {
 		case pod.DeletionTimestamp != nil:
-			if ordinal <= want {
+			if ordinal < want {
 				pl.waiting++
 			}
 		case failed(pod):
-			if ordinal <= want {
+			if ordinal < want {
 				pl.waiting++
 			}
 			pl.remove = append(pl.remove, pod)
