@@ -5,6 +5,7 @@ package pool
 import (
 	"context"
 	"maps"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -12,6 +13,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/utils/ptr"
@@ -168,6 +170,19 @@ func TestPoolDrain(t *testing.T) {
 		}
 		return n == 2
 	})
+	// The pool's Service now selects web-0 and web-1 only: the draining Pods left its
+	// EndpointSlices.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	selected, err := env.Admin.CoreV1().Pods(env.Namespace).List(ctx, metav1.ListOptions{
+		LabelSelector: labels.SelectorFromSet(ServiceSelector("web")).String(),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := live(selected.Items); len(got) != 2 || got["web-0"].Name == "" || got["web-1"].Name == "" {
+		t.Errorf("the service selects %v, want web-0 and web-1", slices.Sorted(maps.Keys(got)))
+	}
 	eventually(t, "web-2 deleted, web-3 draining", func() bool {
 		pods := live(listPods(t, env, "web"))
 		web3 := pods["web-3"]

@@ -361,7 +361,8 @@ func (r *Reconciler) setStatus(p *v1alpha1.FiberPool, pl plan, revision string, 
 	s.UpdateRevision = revision
 	s.Fibers.Capacity = int64(readyCount) * int64(p.Spec.FibersMax)
 	s.Fibers.InUse = nil
-	if len(inUse) > 0 {
+	if r.fibers != nil && (len(inUse) > 0 || len(unknown) == 0) {
+		// Some counted, or all (none at all is 0): absent only when nothing is known.
 		var n int64
 		for _, c := range inUse {
 			n += c.n

@@ -2,6 +2,7 @@ package pool
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -22,6 +23,11 @@ import (
 // fakeReconciler is a Reconciler on controller-runtime's fake client holding pool and pods, with
 // a fake clock at t0.
 func fakeReconciler(t *testing.T, pool *v1alpha1.FiberPool, pods ...corev1.Pod) (*Reconciler, client.Client, *clocktesting.FakePassiveClock) {
+	return fakeReconcilerWith(t, FibersConfig{}, pool, pods...)
+}
+
+// fakeReconcilerWith is fakeReconciler reading fibers in use as fc says.
+func fakeReconcilerWith(t *testing.T, fc FibersConfig, pool *v1alpha1.FiberPool, pods ...corev1.Pod) (*Reconciler, client.Client, *clocktesting.FakePassiveClock) {
 	t.Helper()
 	s := runtime.NewScheme()
 	if err := corev1.AddToScheme(s); err != nil {
@@ -38,7 +44,7 @@ func fakeReconciler(t *testing.T, pool *v1alpha1.FiberPool, pods ...corev1.Pod) 
 		WithStatusSubresource(&v1alpha1.FiberPool{}).
 		WithIndex(&corev1.Pod{}, ownerIndex, poolOf).Build()
 	clk := clocktesting.NewFakePassiveClock(t0)
-	cfg := Config{Clock: clk}.withDefaults()
+	cfg := Config{Clock: clk, Fibers: fc}.withDefaults()
 	return &Reconciler{client: c, cfg: cfg, fibers: newFiberCounter(cfg.Fibers)}, c, clk
 }
 
@@ -129,5 +135,37 @@ func TestReconcileForeignService(t *testing.T) {
 	var svc corev1.Service
 	if err := c.Get(ctx, client.ObjectKeyFromObject(other), &svc); err != nil || svc.Spec.ClusterIP != "10.0.0.9" || len(svc.OwnerReferences) != 0 {
 		t.Errorf("the foreign service was changed: %+v, %v", svc, err)
+	}
+}
+
+// TestReconcileFibersInUse reports the fibers in use the Pods' fiberd answered, and names the
+// Pod that did not answer.
+func TestReconcileFibersInUse(t *testing.T) {
+	f := newFakeFiberd(t, "fiberd.ns.svc")
+	f.pod("127.0.0.1", 3)
+	f.pod("127.0.0.2", 4)
+	f.pod("127.0.0.3", 0)
+	f.unreachable("127.0.0.3")
+	pool := testPool(func(p *v1alpha1.FiberPool) { p.Spec.Replicas = ptr.To[int32](3) })
+	at := func(ip string) func(*corev1.Pod) { return func(p *corev1.Pod) { p.Status.PodIP = ip } }
+	r, c, _ := fakeReconcilerWith(t, f.config(""), pool,
+		runningPod(t, pool, 0, at("127.0.0.1")), runningPod(t, pool, 1, at("127.0.0.2")), runningPod(t, pool, 2, at("127.0.0.3")))
+	res, err := r.Reconcile(context.Background(), ctrl.Request{NamespacedName: client.ObjectKeyFromObject(pool)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.RequeueAfter != DefaultFibersInterval {
+		t.Errorf("requeue after %v, want the fibers interval %v to read them again", res.RequeueAfter, DefaultFibersInterval)
+	}
+	var got v1alpha1.FiberPool
+	if err := c.Get(context.Background(), client.ObjectKeyFromObject(pool), &got); err != nil {
+		t.Fatal(err)
+	}
+	if got.Status.Fibers.InUse == nil || *got.Status.Fibers.InUse != 7 || got.Status.Fibers.Capacity != 24 {
+		t.Errorf("fibers %+v, want 7 in use of 24", got.Status.Fibers)
+	}
+	cond := meta.FindStatusCondition(got.Status.Conditions, v1alpha1.ConditionFibersCounted)
+	if cond == nil || cond.Status != metav1.ConditionFalse || cond.Reason != v1alpha1.ReasonStatusUnreachable || !strings.Contains(cond.Message, "web-2") {
+		t.Errorf("FibersCounted %+v, want False StatusUnreachable naming web-2", cond)
 	}
 }
