@@ -5,19 +5,24 @@ package pool
 import (
 	"context"
 	"maps"
+	"os"
+	"path/filepath"
 	"slices"
 	"sync"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/yaml"
 
 	"fiberd.io/fiberd/controller/api/v1alpha1"
 	"fiberd.io/fiberd/test/kubeapi"
@@ -219,12 +224,51 @@ func TestPoolDrain(t *testing.T) {
 	}
 }
 
+// controllerRBAC is a client configuration of a ServiceAccount bound to a copy of
+// deploy/controller/role.yaml's ClusterRole (named for the test's namespace, so tests do not
+// share it): the permissions `make generate` derives from the Reconciler's markers, no more.
+func controllerRBAC(t *testing.T, env *kubeapi.Env) *rest.Config {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join("..", "..", "deploy", "controller", "role.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var role rbacv1.ClusterRole
+	if err := yaml.Unmarshal(b, &role); err != nil {
+		t.Fatal(err)
+	}
+	name := "fiberd-controller-" + env.Namespace
+	role.Name = name
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := env.Admin.RbacV1().ClusterRoles().Create(ctx, &role, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	env.CreateServiceAccount(t, "fiberd-controller")
+	binding := &rbacv1.ClusterRoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: name},
+		Subjects:   []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Name: "fiberd-controller", Namespace: env.Namespace}},
+	}
+	if _, err := env.Admin.RbacV1().ClusterRoleBindings().Create(ctx, binding, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = env.Admin.RbacV1().ClusterRoleBindings().Delete(ctx, name, metav1.DeleteOptions{})
+		_ = env.Admin.RbacV1().ClusterRoles().Delete(ctx, name, metav1.DeleteOptions{})
+	})
+	return env.ServiceAccountConfig(t, "fiberd-controller", kubeapi.TokenOptions{})
+}
+
 // TestPoolDrainNoCertificate drains without a client certificate: fibers in use are unknown,
-// the status says so, and the Pods are deleted at the end of the grace period.
+// the status says so, and the Pods are deleted at the end of the grace period. The controller
+// runs with deploy/controller's ClusterRole only, so a verb missing there fails here.
 func TestPoolDrainNoCertificate(t *testing.T) {
 	env := kubeapi.NewEnv(t)
 	c := newClient(t, env)
-	stop := startManager(t, env)
+	stop := startManagerAs(t, controllerRBAC(t, env), Config{})
 	defer stop()
 	const grace = 3 * time.Second
 	p := newPool(t, env, c, func(p *v1alpha1.FiberPool) {

@@ -20,6 +20,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -85,7 +86,12 @@ func startManager(t *testing.T, env *kubeapi.Env) (stop func()) {
 
 // startManagerWith is startManager with the Reconciler configured by cfg.
 func startManagerWith(t *testing.T, env *kubeapi.Env, cfg Config) (stop func()) {
-	mgr, err := ctrl.NewManager(env.CP.Config(), ctrl.Options{
+	return startManagerAs(t, env.CP.Config(), cfg)
+}
+
+// startManagerAs is startManagerWith talking to the API server with rc.
+func startManagerAs(t *testing.T, rc *rest.Config, cfg Config) (stop func()) {
+	mgr, err := ctrl.NewManager(rc, ctrl.Options{
 		Scheme:  testScheme(t),
 		Cache:   CacheOptions(),
 		Metrics: metricsserver.Options{BindAddress: "0"},
