@@ -35,7 +35,8 @@ const maxStatusBytes = 4 << 20
 // listener refuses a caller without one). The zero value reads none: fibers in use are unknown,
 // and a draining Pod waits its pool's whole drainGracePeriod.
 type FibersConfig struct {
-	// TLS is the client side of fiberd's API: its Certificates hold the client certificate, its
+	// TLS is the client side of fiberd's API: its Certificates (or GetClientCertificate) hold the
+	// client certificate, its
 	// RootCAs the CA of fiberd's serving certificate, MinVersion TLS 1.3 (pkg/client.TLSConfig
 	// builds one). Its ServerName is ignored (ServerName below is). Nil reads no Pod.
 	TLS *tls.Config

@@ -11,7 +11,8 @@
 // signed, ca.crt of their serving certificate's CA) it reads each grant Pod's fibers in use from
 // fiberd (GET /v1/status) for the pools' status and their drains; without it, or with an empty
 // directory (an optional Secret not made), fibers in use are unknown and a draining Pod waits its
-// pool's whole drainGracePeriod.
+// pool's whole drainGracePeriod. The client certificate is read again when its files change;
+// ca.crt, and whether the directory holds the files at all, only at start.
 //
 // Outside a cluster it reads -kubeconfig, else $KUBECONFIG, else ~/.kube/config; in a Pod, its
 // service account (deploy/controller). It exits 0 on SIGTERM or SIGINT once the manager has

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"flag"
 	"fmt"
@@ -10,6 +11,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -105,12 +107,57 @@ func fibersConfig(o options) (pool.FibersConfig, error) {
 		return fc, fmt.Errorf("-fiberd-tls-dir %s has %s but not %s: give all three (or none, to leave fibers in use unknown)",
 			o.tlsDir, strings.Join(present, ", "), strings.Join(missing, ", "))
 	}
-	cfg, err := fclient.TLSConfig(filepath.Join(o.tlsDir, "tls.crt"), filepath.Join(o.tlsDir, "tls.key"), filepath.Join(o.tlsDir, "ca.crt"))
+	crt, key := filepath.Join(o.tlsDir, "tls.crt"), filepath.Join(o.tlsDir, "tls.key")
+	cfg, err := fclient.TLSConfig(crt, key, filepath.Join(o.tlsDir, "ca.crt"))
 	if err != nil {
 		return fc, fmt.Errorf("-fiberd-tls-dir: %w", err)
 	}
+	// The client certificate is read again when its files change (a Secret's certificate
+	// renewed in place); the CA is read once.
+	rc := &reloadingCert{crt: crt, key: key}
+	if _, err := rc.get(); err != nil {
+		return fc, fmt.Errorf("-fiberd-tls-dir: %w", err)
+	}
+	cfg.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return rc.get() }
 	fc.TLS = cfg
 	return fc, nil
+}
+
+// reloadingCert is a client certificate read from its files, and read again when either file's
+// modification time or size changes. A failed read keeps the last good certificate.
+type reloadingCert struct {
+	crt, key string
+
+	mu    sync.Mutex
+	stamp string
+	cert  *tls.Certificate
+}
+
+// get returns the certificate, reading the files again if they changed since the last read.
+func (r *reloadingCert) get() (*tls.Certificate, error) {
+	stamp := ""
+	for _, f := range []string{r.crt, r.key} {
+		fi, err := os.Stat(f)
+		if err != nil {
+			stamp += "?"
+			continue
+		}
+		stamp += fmt.Sprintf("%d.%d;", fi.ModTime().UnixNano(), fi.Size())
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.cert != nil && stamp == r.stamp {
+		return r.cert, nil
+	}
+	cert, err := tls.LoadX509KeyPair(r.crt, r.key)
+	if err != nil {
+		if r.cert != nil {
+			return r.cert, nil // mid-update: the pair does not match yet
+		}
+		return nil, fmt.Errorf("client certificate %s, key %s: %w", r.crt, r.key, err)
+	}
+	r.cert, r.stamp = &cert, stamp
+	return r.cert, nil
 }
 
 func main() {

@@ -70,8 +70,32 @@ func TestFibersConfig(t *testing.T) {
 	}
 	writeCert(t, dir, "ca.crt", "")
 	fc, err := fibersConfig(o)
-	if err != nil || fc.TLS == nil || len(fc.TLS.Certificates) != 1 || fc.TLS.RootCAs == nil {
+	if err != nil || fc.TLS == nil || fc.TLS.GetClientCertificate == nil || fc.TLS.RootCAs == nil {
 		t.Fatalf("all three: %+v, %v; want a client certificate and the CA", fc.TLS, err)
+	}
+	first, err := fc.TLS.GetClientCertificate(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The Secret's certificate is renewed in place: the next handshake sends the new one.
+	writeCert(t, dir, "tls.crt", "tls.key")
+	later := time.Now().Add(time.Minute)
+	for _, f := range []string{"tls.crt", "tls.key"} {
+		if err := os.Chtimes(filepath.Join(dir, f), later, later); err != nil {
+			t.Fatal(err)
+		}
+	}
+	second, err := fc.TLS.GetClientCertificate(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(first.Certificate[0]) == string(second.Certificate[0]) {
+		t.Error("the client certificate was not read again after its files changed")
+	}
+	// A key that does not match (a half-written update) keeps the last good pair.
+	writeCert(t, dir, "tls.crt", "")
+	if third, err := fc.TLS.GetClientCertificate(nil); err != nil || third != second {
+		t.Errorf("mid-update: %v, %v; want the last good certificate", third, err)
 	}
 	if fc.ServerName != "fiberd.{namespace}.svc" || fc.Interval != 15*time.Second {
 		t.Errorf("server name %q interval %v, want the defaults", fc.ServerName, fc.Interval)
