@@ -11,7 +11,8 @@
 #   OUT/fiberd.tar       fiberd.local/fiberd:dev        what deploy/kubernetes/Dockerfile builds:
 #                                                       fiberd, fiberd-caps (fiberd with the file
 #                                                       capabilities isolation needs, which
-#                                                       grant-pod.yaml runs), fiberctl, grant-issuer, the C
+#                                                       grant-pod.yaml runs), fiberctl, grant-issuer,
+#                                                       fiberd-controller (deploy/controller), the C
 #                                                       example template built static and its spec
 #                                                       (templates/counter.json); runs as 65532
 #   OUT/counter-pod.tar  fiberd.local/counter-pod:dev   the same C template as a plain container
@@ -29,7 +30,7 @@
 # The files each image holds are listed below once; deploy/kubernetes/Dockerfile builds the fiberd
 # image's layout for users with a registry, and make e2e-node checks the two agree.
 #
-# Needs go (the root module and the tools module) and a C compiler with a static libc (Debian's
+# Needs go (the root, controller and tools modules) and a C compiler with a static libc (Debian's
 # build-essential). Fails (exit 1) naming the step that failed. About 10 s with warm Go caches.
 set -euo pipefail
 
@@ -53,6 +54,8 @@ mkdir -p "$B"
 say "building the static binaries ..."
 (cd "$ROOT" && go build -trimpath -ldflags='-s -w' -o "$B/" ./cmd/fiberd ./cmd/fiberctl ./cmd/grant-issuer ./test/node/client) \
 	|| fail "building fiberd, fiberctl, grant-issuer and test/node/client failed"
+(cd "$ROOT/controller" && go build -trimpath -ldflags='-s -w' -o "$B/" ./cmd/fiberd-controller) \
+	|| fail "building the controller module's fiberd-controller failed"
 (cd "$ROOT/tools" && go build -trimpath -ldflags='-s -w' -o "$B/" ./cmd/mkimage ./cmd/pause ./cmd/activate) \
 	|| fail "building the tools module's commands failed"
 # The zygote SDK and the example built static: the image has no libc to link against.
@@ -61,7 +64,7 @@ CFLAGS="-O2 -Wall -Wextra -static" "$ROOT/sdk/zygote/c/build.sh" "$OUT/c" "$ROOT
 	|| fail "building the C templates static failed (a static libc is needed: Debian's libc6-dev)"
 file_is_static() { ! grep -q 'NEEDED' < <(readelf -d "$1" 2>/dev/null) ; }
 if command -v readelf >/dev/null 2>&1; then
-	for f in "$B"/fiberd "$B"/pause "$B"/activate "$OUT"/c/counter "$OUT"/c/attacker; do
+	for f in "$B"/fiberd "$B"/fiberd-controller "$B"/pause "$B"/activate "$OUT"/c/counter "$OUT"/c/attacker; do
 		file_is_static "$f" || fail "$f is dynamically linked"
 	done
 fi
@@ -82,6 +85,7 @@ fiberd_files=(-base -user 65532:65532 -entrypoint /usr/local/bin/fiberd
 	/usr/local/bin/fiberd-caps="$B/fiberd"
 	/usr/local/bin/fiberctl="$B/fiberctl"
 	/usr/local/bin/grant-issuer="$B/grant-issuer"
+	/usr/local/bin/fiberd-controller="$B/fiberd-controller"
 	/opt/fiberd/templates/counter="$OUT/c/counter":0755
 	/etc/fiberd/templates/counter.json="$ROOT/deploy/kubernetes/templates/counter.json":0644)
 image fiberd fiberd.local/fiberd:dev "${fiberd_files[@]}"

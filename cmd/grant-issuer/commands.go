@@ -121,7 +121,7 @@ func serve(args []string, e env) int {
 	}
 	done := make(chan error, 1)
 	go func() { done <- hs.ServeTLS(ln, "", "") }()
-	log.Info("serving; this is the development issuer, the production controller is a separate project",
+	log.Info("serving; this is the development issuer, the production issuer is the FiberPool controller's (fiberd-controller)",
 		"address", ln.Addr().String(), "issuer", f.issuerURL, "kid", signer.KeyID(), "lease", f.lease.String())
 	select {
 	case err := <-done:

@@ -1,8 +1,10 @@
 // Command grant-issuer is fiberd's development grant issuer: it signs grants,
 // publishes its keys by OIDC discovery, and hands each grant Pod its grant in
 // exchange for the Pod's bound service-account token. It exists to run and
-// test the Kubernetes story end to end; the production controller, which
-// creates grant Pods and decides their grants, is a separate project.
+// test the Kubernetes story end to end without the controller; the production
+// issuer is the FiberPool controller's (controller/issuer, served by
+// fiberd-controller), which mints each grant Pod's grant from its FiberPool
+// and rotates its keys. Both share the exchange of pkg/issuer.
 //
 // Usage:
 //
@@ -88,8 +90,8 @@ func usage(w io.Writer) {
 	fmt.Fprint(w, `usage: grant-issuer <command> [flags]
 
 The development grant issuer of fiberd. It is for development and tests; the
-production controller that creates grant Pods and serves their grants is a
-separate project.
+production issuer is the FiberPool controller's (fiberd-controller), which mints
+each grant Pod's grant from its FiberPool and rotates its keys.
 
 commands:
   keygen   make a signing key (private JWK, optional public JWKS)

@@ -69,7 +69,7 @@ func TestUsage(t *testing.T) {
 	}{
 		{"no command", nil, grantcli.ExitUsage, "usage"},
 		{"unknown command", []string{"frobnicate"}, grantcli.ExitUsage, `unknown command "frobnicate"`},
-		{"help names the production controller", []string{"help"}, grantcli.ExitOK, "separate project"},
+		{"help names the production issuer", []string{"help"}, grantcli.ExitOK, "production issuer is the FiberPool controller's"},
 		// The keygen and mint checks are grantcli's (tested there); these
 		// show grant-issuer runs them under its own names, mint with
 		// fibers.max only.

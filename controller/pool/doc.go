@@ -47,9 +47,11 @@
 //
 // # What it does not do yet
 //
-// Issue grants (the development issuer, cmd/grant-issuer, reads the Pods' annotations; the
-// pool's fibersWarm, wBudget and lease wait for the controller's issuer), scale on fibers in use,
-// or adopt Pods it does not control.
+// It does not issue grants: package issuer does, which cmd/fiberd-controller runs beside the
+// Reconciler and points the grant Pods at (Shape.IssuerURL); it mints each Pod's grant from the
+// Pod's fiberd.io/template annotation (so a Pod of an older revision keeps its template during a
+// roll) and the pool's fibersMax, fibersWarm, wBudget and lease. It does not yet scale on fibers
+// in use, or adopt Pods it does not control.
 //
 // # Who imports it
 //

@@ -30,6 +30,7 @@
 //	 "devices":{"class":"gpu","count":1}}
 //
 // Importers: pkg/fiberd (Verifier, Cache, StaticKeys), the homes (Cache
-// refresh, PeekUID), cmd/fiberctl and cmd/grant-issuer (Signer, keys), tests.
+// refresh, PeekUID), cmd/fiberctl, cmd/grant-issuer, pkg/issuer and the
+// controller's issuer (Signer, keys), tests.
 // This package imports pkg/core and no other package of the project.
 package grant

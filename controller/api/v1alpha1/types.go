@@ -56,28 +56,30 @@ type FiberPoolSpec struct {
 	// +kubebuilder:validation:Minimum=0
 	Replicas *int32 `json:"replicas"`
 
-	// FibersMax is each grant's fibers.max: the fibers one grant Pod may run at once. It is the
-	// grant Pods' fiberd.io/fibers-max annotation, which the issuer mints into the grant.
+	// FibersMax is each grant's fibers.max: the fibers one grant Pod may run at once. The
+	// controller's issuer mints it into every grant and renewal (the grant Pods'
+	// fiberd.io/fibers-max annotation carries it for the development issuer).
 	// +required
 	// +kubebuilder:validation:Minimum=1
 	FibersMax int32 `json:"fibersMax"`
 
 	// FibersWarm is each grant's fibers.warm: the spare fibers fiberd forks ahead of any Clone,
-	// so a Clone is a hand-over. Empty or zero means none; at most FibersMax. It is read by the
-	// controller's issuer (not yet built); the development issuer mints none.
+	// so a Clone is a hand-over. Empty or zero means none; at most FibersMax. The controller's
+	// issuer mints it into every grant and renewal; the development issuer mints none.
 	// +optional
 	// +kubebuilder:validation:Minimum=0
 	FibersWarm int32 `json:"fibersWarm,omitempty"`
 
 	// WBudget is each grant's wBudget: the private memory (and isolated scratch) one fiber may
-	// dirty, such as 64Mi. Empty means no budget. Read by the controller's issuer (not yet
-	// built).
+	// dirty, such as 64Mi, in whole bytes. Empty means no budget. The controller's issuer mints
+	// it into every grant and renewal.
 	// +optional
 	WBudget *resource.Quantity `json:"wBudget,omitempty"`
 
 	// Lease is how long each grant is issued for; fiberd renews it at half. Empty means the
-	// issuer's default. Read by the controller's issuer (not yet built); the development issuer
-	// uses its -lease.
+	// issuer's default (fiberd-controller -issuer-lease, 10m); longer than its -issuer-max-lease
+	// (1h) is refused. It also bounds how long a grant outlives its Pod's or pool's deletion. The
+	// development issuer uses its -lease.
 	// +optional
 	Lease *metav1.Duration `json:"lease,omitempty"`
 

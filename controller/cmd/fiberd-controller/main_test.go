@@ -1,107 +1,97 @@
 package main
 
 import (
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
 	"io"
-	"math/big"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
-	"time"
 
-	"go.uber.org/goleak"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	"sigs.k8s.io/yaml"
+
+	"fiberd.io/fiberd/controller/issuer"
 )
 
-// TestMain checks that the tests leave no goroutine behind.
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
-
-// writeCert writes a self-signed certificate and its key as PEM to dir/crt and dir/key.
-func writeCert(t *testing.T, dir, crt, key string) {
-	t.Helper()
-	k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+// TestIssuerFlags: by default the controller serves grants itself at the URL its grant Pods are
+// pointed at; the issuer's flags are checked before anything starts.
+func TestIssuerFlags(t *testing.T) {
+	t.Setenv("POD_NAMESPACE", "fiberd-system")
+	o, err := parseFlags(nil, io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "fiberd-controller"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature,
+	if !o.issuer.issuerOn() || o.issuerURL != issuer.DefaultURL || o.issuer.namespace != "fiberd-system" {
+		t.Fatalf("defaults %+v: want the issuer on, at %s, its keys in $POD_NAMESPACE", o, issuer.DefaultURL)
 	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &k.PublicKey, k)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kder, err := x509.MarshalECPrivateKey(k)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(dir, crt), pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if key != "" {
-		if err := os.WriteFile(filepath.Join(dir, key), pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder}), 0o600); err != nil {
-			t.Fatal(err)
+	for _, tc := range []struct {
+		args []string
+		env  string
+		want string
+	}{
+		{args: []string{"-issuer-key-prepublish=48h"}, env: "fiberd-system", want: "prepublish"},
+		{args: []string{"-issuer-max-lease=1m", "-issuer-lease=10m"}, env: "fiberd-system", want: "longest lease"},
+		{args: []string{"-issuer-url=http://x"}, env: "fiberd-system", want: "-issuer-url"},
+		{args: nil, env: "", want: "POD_NAMESPACE"},
+	} {
+		t.Setenv("POD_NAMESPACE", tc.env)
+		if _, err := parseFlags(tc.args, io.Discard); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("parseFlags(%q) with POD_NAMESPACE=%q = %v, want an error about %q", tc.args, tc.env, err, tc.want)
 		}
+	}
+	t.Setenv("POD_NAMESPACE", "")
+	o, err = parseFlags([]string{"-issuer-bind-address=0", "-issuer-url=https://grant-issuer.fiberd-system.svc"}, io.Discard)
+	if err != nil || o.issuer.issuerOn() {
+		t.Fatalf("issuer off: %+v, %v", o.issuer, err)
 	}
 }
 
-// TestFibersConfig reads -fiberd-tls-dir: none of its files leaves fibers in use unknown, all
-// three give a client certificate, and some of them is refused naming what is missing.
-func TestFibersConfig(t *testing.T) {
-	o, err := parseFlags([]string{"-fiberd-tls-dir", t.TempDir()}, io.Discard)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if fc, err := fibersConfig(o); err != nil || fc.TLS != nil {
-		t.Errorf("empty directory: TLS %v, %v; want none and no error", fc.TLS, err)
-	}
-
-	dir := t.TempDir()
-	writeCert(t, dir, "tls.crt", "tls.key")
-	o.tlsDir = dir
-	if _, err := fibersConfig(o); err == nil || !strings.Contains(err.Error(), "not ca.crt") {
-		t.Errorf("no ca.crt: %v, want an error naming it", err)
-	}
-	writeCert(t, dir, "ca.crt", "")
-	fc, err := fibersConfig(o)
-	if err != nil || fc.TLS == nil || fc.TLS.GetClientCertificate == nil || fc.TLS.RootCAs == nil {
-		t.Fatalf("all three: %+v, %v; want a client certificate and the CA", fc.TLS, err)
-	}
-	first, err := fc.TLS.GetClientCertificate(nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	// The Secret's certificate is renewed in place: the next handshake sends the new one.
-	writeCert(t, dir, "tls.crt", "tls.key")
-	later := time.Now().Add(time.Minute)
-	for _, f := range []string{"tls.crt", "tls.key"} {
-		if err := os.Chtimes(filepath.Join(dir, f), later, later); err != nil {
+// TestDeployManifests holds deploy/controller to the code: the Deployment's arguments parse, its
+// issuer serves on the port the fiberd-issuer Service targets, and -issuer-url names that Service.
+func TestDeployManifests(t *testing.T) {
+	read := func(name string, into any) {
+		t.Helper()
+		b, err := os.ReadFile(filepath.Join("..", "..", "..", "deploy", "controller", name))
+		if err != nil {
 			t.Fatal(err)
 		}
+		if err := yaml.Unmarshal(b, into); err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
 	}
-	second, err := fc.TLS.GetClientCertificate(nil)
+	var dep appsv1.Deployment
+	read("deployment.yaml", &dep)
+	var svc corev1.Service
+	read("issuer.yaml", &svc)
+	c := dep.Spec.Template.Spec.Containers[0]
+	t.Setenv("POD_NAMESPACE", dep.Namespace)
+	o, err := parseFlags(c.Args, io.Discard)
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("deployment.yaml's args: %v", err)
 	}
-	if string(first.Certificate[0]) == string(second.Certificate[0]) {
-		t.Error("the client certificate was not read again after its files changed")
+	if !o.issuer.issuerOn() {
+		t.Fatal("deployment.yaml turns the issuer off")
 	}
-	// A key that does not match (a half-written update) keeps the last good pair.
-	writeCert(t, dir, "tls.crt", "")
-	if third, err := fc.TLS.GetClientCertificate(nil); err != nil || third != second {
-		t.Errorf("mid-update: %v, %v; want the last good certificate", third, err)
+	if want := "https://" + svc.Name + "." + svc.Namespace + ".svc"; o.issuerURL != want {
+		t.Errorf("-issuer-url %s, want the issuer Service's %s", o.issuerURL, want)
 	}
-	if fc.ServerName != "fiberd.{namespace}.svc" || fc.Interval != 15*time.Second {
-		t.Errorf("server name %q interval %v, want the defaults", fc.ServerName, fc.Interval)
+	port := -1
+	for _, p := range c.Ports {
+		if p.Name == svc.Spec.Ports[0].TargetPort.StrVal {
+			port = int(p.ContainerPort)
+		}
 	}
-
-	if _, err := parseFlags([]string{"-fibers-interval", "10ms"}, io.Discard); err == nil {
-		t.Error("-fibers-interval 10ms accepted, want refused")
+	if !strings.HasSuffix(o.issuer.bindAddress, ":"+strconv.Itoa(port)) {
+		t.Errorf("-issuer-bind-address %s, but the Service targets container port %d", o.issuer.bindAddress, port)
+	}
+	if svc.Spec.Ports[0].Port != 443 {
+		t.Errorf("the issuer Service listens on %d: -issuer-url names no port, so 443", svc.Spec.Ports[0].Port)
+	}
+	for k, v := range svc.Spec.Selector {
+		if dep.Spec.Template.Labels[k] != v {
+			t.Errorf("the issuer Service selects %s=%s, which the controller's Pods do not carry", k, v)
+		}
 	}
 }

@@ -15,9 +15,10 @@
 // under a live Pod, or the cluster has not served the claims for the stale
 // TTL.
 //
-// The production controller that creates grant Pods is a separate
-// project. It lists PodConditionZygoteReady as a readiness gate on every
-// grant Pod and serves the grants the home fetches.
+// The FiberPool controller (the module controller/) creates grant Pods: it
+// lists PodConditionZygoteReady as a readiness gate on every grant Pod, and
+// its issuer (controller/issuer, on pkg/issuer's exchange) serves the grants
+// the home fetches.
 //
 // cmd/fiberd builds this home (New, with a Kube from NewKube) and hands it
 // to pkg/fiberd; it is the only package of fiberd that imports client-go.

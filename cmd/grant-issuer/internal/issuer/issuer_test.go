@@ -66,7 +66,7 @@ func grantPod(mut func(*corev1.Pod)) *corev1.Pod {
 			Name: "grant-0", Namespace: "ns", UID: types.UID(podUID),
 			Annotations: map[string]string{AnnotationTemplate: testTemplate, AnnotationFibersMax: "4"},
 		},
-		Spec: corev1.PodSpec{ServiceAccountName: "fiberd"},
+		Spec: corev1.PodSpec{ServiceAccountName: "fiberd", NodeName: "node-1"},
 	}
 	if mut != nil {
 		mut(p)
