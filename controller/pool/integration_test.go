@@ -5,8 +5,10 @@ package pool
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"testing"
 	"time"
 
@@ -18,6 +20,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -78,7 +81,17 @@ func isExists(err error) bool { return apierrors.IsAlreadyExists(err) }
 // startManager runs a manager with the Reconciler until the returned stop is called; stop
 // returns once Start has returned.
 func startManager(t *testing.T, env *kubeapi.Env) (stop func()) {
-	mgr, err := ctrl.NewManager(env.CP.Config(), ctrl.Options{
+	return startManagerWith(t, env, Config{})
+}
+
+// startManagerWith is startManager with the Reconciler configured by cfg.
+func startManagerWith(t *testing.T, env *kubeapi.Env, cfg Config) (stop func()) {
+	return startManagerAs(t, env.CP.Config(), cfg)
+}
+
+// startManagerAs is startManagerWith talking to the API server with rc.
+func startManagerAs(t *testing.T, rc *rest.Config, cfg Config) (stop func()) {
+	mgr, err := ctrl.NewManager(rc, ctrl.Options{
 		Scheme:  testScheme(t),
 		Cache:   CacheOptions(),
 		Metrics: metricsserver.Options{BindAddress: "0"},
@@ -89,7 +102,7 @@ func startManager(t *testing.T, env *kubeapi.Env) (stop func()) {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	if err := Setup(ctx, mgr, Config{}); err != nil {
+	if err := Setup(ctx, mgr, cfg); err != nil {
 		t.Fatal(err)
 	}
 	done := make(chan error, 1)
@@ -107,17 +120,23 @@ func startManager(t *testing.T, env *kubeapi.Env) (stop func()) {
 	}
 }
 
-// simulate plays scheduler and kubelet for the pool's Pods: marks each Running and Ready.
+// simulate plays scheduler and kubelet for the pool's Pods: marks each Running and Ready, with
+// the Pod IP 127.0.0.<ordinal+1> (where a fakeFiberd may answer for it).
 func simulate(t *testing.T, env *kubeapi.Env, pods []corev1.Pod) {
 	for _, p := range pods {
 		if ready(&p) || p.DeletionTimestamp != nil {
 			continue
 		}
 		now := metav1.Now()
-		st := map[string]any{"status": map[string]any{"phase": "Running", "conditions": []corev1.PodCondition{
-			{Type: ReadinessGate, Status: corev1.ConditionTrue, LastTransitionTime: now},
-			{Type: corev1.PodReady, Status: corev1.ConditionTrue, LastTransitionTime: now},
-		}}}
+		ip := "127.0.0.1"
+		if o, err := strconv.Atoi(p.Labels[LabelOrdinal]); err == nil {
+			ip = fmt.Sprintf("127.0.0.%d", o+1)
+		}
+		st := map[string]any{"status": map[string]any{"phase": "Running", "podIP": ip, "podIPs": []map[string]string{{"ip": ip}},
+			"conditions": []corev1.PodCondition{
+				{Type: ReadinessGate, Status: corev1.ConditionTrue, LastTransitionTime: now},
+				{Type: corev1.PodReady, Status: corev1.ConditionTrue, LastTransitionTime: now},
+			}}}
 		b, _ := json.Marshal(st)
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		_, err := env.Admin.CoreV1().Pods(env.Namespace).Patch(ctx, p.Name, types.StrategicMergePatchType, b, metav1.PatchOptions{}, "status")
@@ -162,6 +181,7 @@ func TestPoolLifecycle(t *testing.T) {
 	defer cancel()
 	p := testPool(nil)
 	p.UID, p.Namespace = "", env.Namespace
+	p.Spec.DrainGracePeriod = &metav1.Duration{Duration: time.Second}
 	if err := c.Create(ctx, p); err != nil {
 		t.Fatal(err)
 	}
@@ -232,6 +252,7 @@ func TestPoolValidation(t *testing.T) {
 	for name, mut := range map[string]func(*v1alpha1.FiberPool){
 		"negative-replicas": func(p *v1alpha1.FiberPool) { p.Spec.Replicas = ptr.To[int32](-1) },
 		"no-template":       func(p *v1alpha1.FiberPool) { p.Spec.Template = v1alpha1.TemplateSpec{} },
+		"negative-grace":    func(p *v1alpha1.FiberPool) { p.Spec.DrainGracePeriod = &metav1.Duration{Duration: -time.Second} },
 	} {
 		p := testPool(mut)
 		p.Name, p.UID, p.Namespace = name, "", env.Namespace

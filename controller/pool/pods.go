@@ -26,7 +26,18 @@ const (
 	LabelPool = "fiberd.io/pool"
 	// LabelOrdinal is the Pod's ordinal in its pool, in decimal; the Pod is "<pool>-<ordinal>".
 	LabelOrdinal = "fiberd.io/ordinal"
+	// LabelServing is "true" on a grant Pod that takes new sessions and "false" on one that
+	// drains. The pool's Service selects "true" only, so a draining Pod leaves its EndpointSlices.
+	LabelServing = "fiberd.io/serving"
+	// LabelRevision is the revision of the pool's spec the Pod was made from (Revision): a Pod
+	// whose revision is not the pool's current one is rolled.
+	LabelRevision = "fiberd.io/revision"
 )
+
+// AnnotationDrainStarted is set, with LabelServing "false", when a grant Pod starts draining: the
+// time, RFC 3339 in UTC, from which its pool's drainGracePeriod runs. A restarted controller
+// resumes the drain from it.
+const AnnotationDrainStarted = "fiberd.io/drain-started"
 
 // Annotations the issuer mints a grant Pod's grant from.
 const (
@@ -89,7 +100,8 @@ func Selector(poolName string) map[string]string {
 // errPoolSpec is wrapped by GrantPod when the pool's spec cannot make a Pod.
 var errPoolSpec = errors.New("pool spec")
 
-// GrantPod builds the grant Pod of the given ordinal of p, controlled by p. It is pure: it reads
+// GrantPod builds the grant Pod of the given ordinal of p, controlled by p, labelled serving and
+// with its revision (Revision). It is pure: it reads
 // nothing but its arguments. It fails, wrapping errPoolSpec, when p's template reference is
 // malformed (which the CRD's validation also refuses).
 func GrantPod(p *v1alpha1.FiberPool, ordinal int32, shape Shape) (*corev1.Pod, error) {
@@ -99,6 +111,7 @@ func GrantPod(p *v1alpha1.FiberPool, ordinal int32, shape Shape) (*corev1.Pod, e
 	}
 	labels := Selector(p.Name)
 	labels[LabelOrdinal] = strconv.FormatInt(int64(ordinal), 10)
+	labels[LabelServing] = "true"
 
 	isolation := p.Spec.Isolation
 	if isolation == "" {
@@ -187,6 +200,7 @@ func GrantPod(p *v1alpha1.FiberPool, ordinal int32, shape Shape) (*corev1.Pod, e
 	for _, t := range p.Spec.Pod.Tolerations {
 		pod.Spec.Tolerations = append(pod.Spec.Tolerations, *t.DeepCopy())
 	}
+	pod.Labels[LabelRevision] = podRevision(pod)
 	return pod, nil
 }
 

@@ -118,7 +118,12 @@ func TestGrantPod(t *testing.T) {
 				if pod.Name != "web-3" || pod.Namespace != "ns" {
 					t.Errorf("pod %s/%s, want ns/web-3", pod.Namespace, pod.Name)
 				}
-				wantLabels := map[string]string{LabelName: "fiberd", LabelComponent: "grant-pod", LabelPool: "web", LabelOrdinal: "3"}
+				rev, err := Revision(testPool(nil), Shape{})
+				if err != nil || len(rev) != revisionLen {
+					t.Fatalf("revision %q, %v", rev, err)
+				}
+				wantLabels := map[string]string{LabelName: "fiberd", LabelComponent: "grant-pod", LabelPool: "web", LabelOrdinal: "3",
+					LabelServing: "true", LabelRevision: rev}
 				if !equality.Semantic.DeepEqual(pod.Labels, wantLabels) {
 					t.Errorf("labels %v, want %v", pod.Labels, wantLabels)
 				}

@@ -8,8 +8,11 @@ import (
 
 // FiberPool is a pool of grant Pods of one template in one namespace. The controller keeps
 // spec.replicas grant Pods, named "<pool>-<ordinal>" with ordinals 0 to replicas-1, each running
-// fiberd with a grant of the pool's template for up to spec.fibersMax fibers, and reports in
-// status how many are ready and how many fibers they can hold.
+// fiberd with a grant of the pool's template for up to spec.fibersMax fibers, and a headless
+// Service named like the pool whose EndpointSlices list the ready ones that take new sessions.
+// It drains a Pod before deleting it, rolls a spec change one Pod at a time through one extra
+// Pod (ordinal replicas), and reports in status how many are ready and how many fibers they can
+// hold and hold now.
 //
 // The name is at most 52 characters, so that "<pool>-<ordinal>" stays a DNS-1123 label and the
 // pool's name fits the fiberd.io/pool label.
@@ -22,6 +25,7 @@ import (
 // +kubebuilder:printcolumn:name="Replicas",type=integer,JSONPath=`.spec.replicas`
 // +kubebuilder:printcolumn:name="Ready",type=integer,JSONPath=`.status.readyReplicas`
 // +kubebuilder:printcolumn:name="Fibers",type=integer,JSONPath=`.status.fibers.capacity`
+// +kubebuilder:printcolumn:name="In-Use",type=integer,JSONPath=`.status.fibers.inUse`
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 // +kubebuilder:validation:XValidation:rule="self.metadata.name.size() <= 52",message="a FiberPool's name is at most 52 characters: its grant Pods are named <pool>-<ordinal>"
 type FiberPool struct {
@@ -93,6 +97,17 @@ type FiberPoolSpec struct {
 	// what they request.
 	// +optional
 	Pod PodSpec `json:"pod,omitempty"`
+
+	// DrainGracePeriod is how long a grant Pod the pool no longer wants (scale-down, or an old
+	// revision replaced during a roll) is kept after it stopped taking new sessions: it leaves the
+	// pool's Service at once (label fiberd.io/serving "false") and is deleted when its fibers in
+	// use reach 0 or this period has passed, whichever comes first. Without a client certificate
+	// to read fibers in use (fiberd-controller -fiberd-tls-dir) the controller waits the whole
+	// period. Zero deletes at once. Default 5m.
+	// +optional
+	// +kubebuilder:default="5m"
+	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('0s')",message="drainGracePeriod must not be negative"
+	DrainGracePeriod *metav1.Duration `json:"drainGracePeriod,omitempty"`
 }
 
 // TemplateSpec names a pool's template and the image that carries it.
@@ -161,14 +176,32 @@ type FiberPoolStatus struct {
 	// +optional
 	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
 
-	// Replicas is the number of the pool's grant Pods that exist and are not being deleted.
+	// Replicas is the number of the pool's grant Pods that serve or will: they exist, are not
+	// being deleted, not failed and not draining. During a roll it counts the surge Pod too, so
+	// it may be spec.replicas + 1.
 	// +optional
 	Replicas int32 `json:"replicas"`
 
 	// ReadyReplicas is the number of those whose PodReady condition is True: fiberd is up and a
-	// template of its grant is warm (the fiberd.io/zygote-ready readiness gate).
+	// template of its grant is warm (the fiberd.io/zygote-ready readiness gate). They are the
+	// ready endpoints of the pool's Service.
 	// +optional
 	ReadyReplicas int32 `json:"readyReplicas"`
+
+	// UpdatedReplicas is the number of the Replicas of the current revision (UpdateRevision).
+	// +optional
+	UpdatedReplicas int32 `json:"updatedReplicas"`
+
+	// DrainingReplicas is the number of grant Pods draining: out of the pool's Service, waiting
+	// for their fibers to end or spec.drainGracePeriod to pass before they are deleted.
+	// +optional
+	DrainingReplicas int32 `json:"drainingReplicas"`
+
+	// UpdateRevision is the revision of the grant Pods the spec asks for: a hash of everything
+	// the controller puts in a grant Pod, the Pods' fiberd.io/revision label. A Pod of another
+	// revision is rolled: replaced one at a time.
+	// +optional
+	UpdateRevision string `json:"updateRevision,omitempty"`
 
 	// Fibers is the pool's fiber capacity.
 	// +optional
@@ -190,6 +223,13 @@ type FibersStatus struct {
 	// Capacity is the fibers the ready grant Pods may run at once: readyReplicas * fibersMax.
 	// +optional
 	Capacity int64 `json:"capacity"`
+
+	// InUse is the fibers running on the pool's grant Pods, draining ones included, as their
+	// fiberd last reported them (GET /v1/status, at most a status interval old). Absent when
+	// unknown: the controller has no client certificate for fiberd's API, or no Pod answered.
+	// The condition FibersCounted says which, and whether some Pods' counts are missing.
+	// +optional
+	InUse *int64 `json:"inUse,omitempty"`
 }
 
 // The condition types of a FiberPool.
@@ -197,29 +237,46 @@ const (
 	// ConditionAvailable is True when at least spec.replicas grant Pods are ready (reason
 	// ReasonReplicasReady), False otherwise (ReasonReplicasNotReady).
 	ConditionAvailable = "Available"
-	// ConditionProgressing is True while the controller is creating grant Pods
-	// (ReasonScalingUp), deleting those above spec.replicas (ReasonScalingDown), replacing failed
-	// or deleted ones (ReasonReplacing) or waiting for them to become ready
-	// (ReasonWaitingForReady); False once every Pod the spec asks for is ready (ReasonSettled).
+	// ConditionProgressing is True while the controller is replacing grant Pods of an older
+	// revision one at a time (ReasonRollingUpdate), creating grant Pods (ReasonScalingUp),
+	// draining those above spec.replicas (ReasonDraining), replacing failed or deleted ones
+	// (ReasonReplacing) or waiting for them to become ready (ReasonWaitingForReady); False once
+	// every Pod the spec asks for is ready (ReasonSettled). ReasonScalingDown is no longer set:
+	// Pods above spec.replicas drain.
 	ConditionProgressing = "Progressing"
-	// ConditionReplicaFailure is True when the last reconcile could not create or delete a grant
-	// Pod (ReasonCreateFailed, ReasonDeleteFailed; the message holds the API server's answer),
-	// False otherwise (ReasonNoFailure).
+	// ConditionReplicaFailure is True when the last reconcile could not create, delete or drain
+	// a grant Pod, or keep the pool's Service (ReasonCreateFailed, ReasonDeleteFailed,
+	// ReasonDrainFailed, ReasonServiceFailed; the message holds the API server's answer), False
+	// otherwise (ReasonNoFailure).
 	ConditionReplicaFailure = "ReplicaFailure"
+	// ConditionFibersCounted is True when every grant Pod with a Pod IP reported its fibers in
+	// use (ReasonCounted); False when the controller has no client certificate for fiberd's API
+	// (ReasonNoClientCertificate: drains wait the whole grace period) or some Pods did not answer
+	// (ReasonStatusUnreachable: the message names them; status.fibers.inUse counts the others).
+	ConditionFibersCounted = "FibersCounted"
 )
 
-// The reasons of the conditions above.
+// The reasons of the conditions above. Progressing is also True with ReasonRollingUpdate while
+// grant Pods of an older revision are replaced, and with ReasonDraining while Pods above
+// spec.replicas drain.
 const (
-	ReasonReplicasReady    = "ReplicasReady"
-	ReasonReplicasNotReady = "ReplicasNotReady"
-	ReasonScalingUp        = "ScalingUp"
-	ReasonScalingDown      = "ScalingDown"
-	ReasonReplacing        = "Replacing"
-	ReasonWaitingForReady  = "WaitingForReady"
-	ReasonSettled          = "Settled"
-	ReasonCreateFailed     = "CreateFailed"
-	ReasonDeleteFailed     = "DeleteFailed"
-	ReasonNoFailure        = "NoFailure"
+	ReasonReplicasReady       = "ReplicasReady"
+	ReasonReplicasNotReady    = "ReplicasNotReady"
+	ReasonScalingUp           = "ScalingUp"
+	ReasonScalingDown         = "ScalingDown"
+	ReasonReplacing           = "Replacing"
+	ReasonWaitingForReady     = "WaitingForReady"
+	ReasonSettled             = "Settled"
+	ReasonCreateFailed        = "CreateFailed"
+	ReasonDeleteFailed        = "DeleteFailed"
+	ReasonNoFailure           = "NoFailure"
+	ReasonRollingUpdate       = "RollingUpdate"
+	ReasonDraining            = "Draining"
+	ReasonDrainFailed         = "DrainFailed"
+	ReasonServiceFailed       = "ServiceFailed"
+	ReasonCounted             = "Counted"
+	ReasonNoClientCertificate = "NoClientCertificate"
+	ReasonStatusUnreachable   = "StatusUnreachable"
 )
 
 // FiberPoolList is a list of FiberPools.

@@ -11,13 +11,21 @@
 //	                  [-issuer-tls-cert FILE] [-issuer-tls-key FILE]
 //	                  [-issuer-keys-namespace NS] [-issuer-keys-secret NAME]
 //	                  [-issuer-key-rotation 24h] [-issuer-key-prepublish 15m]
-//	                  [-issuer-lease 10m] [-issuer-max-lease 1h] [-v N]
+//	                  [-issuer-lease 10m] [-issuer-max-lease 1h]
+//	                  [-fiberd-tls-dir DIR] [-fiberd-server-name NAME] [-fibers-interval 15s] [-v N]
 //
 // -issuer-url is this issuer's URL as the grant Pods reach it (its Service,
 // https://fiberd-issuer.fiberd-system.svc by default): the iss of every grant and the audience of
 // the grant Pods' projected tokens. -issuer-bind-address=0 turns the issuer off, for a cluster
 // whose grants come from elsewhere (the development issuer, cmd/grant-issuer); -issuer-url must
 // then name that one.
+//
+// With -fiberd-tls-dir (tls.crt and tls.key of a client certificate the grant Pods' client CA
+// signed, ca.crt of their serving certificate's CA) it reads each grant Pod's fibers in use from
+// fiberd (GET /v1/status) for the pools' status and their drains; without it, or with an empty
+// directory (an optional Secret not made), fibers in use are unknown and a draining Pod waits its
+// pool's whole drainGracePeriod. The client certificate is read again when its files change;
+// ca.crt, and whether the directory holds the files at all, only at start.
 //
 // Outside a cluster it reads -kubeconfig, else $KUBECONFIG, else ~/.kube/config; in a Pod, its
 // service account (deploy/controller). It exits 0 on SIGTERM or SIGINT once the manager has

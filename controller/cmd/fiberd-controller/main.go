@@ -2,12 +2,16 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"os"
 	"os/signal"
+	"path/filepath"
+	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -25,6 +29,7 @@ import (
 	"fiberd.io/fiberd/controller/api/v1alpha1"
 	"fiberd.io/fiberd/controller/issuer"
 	"fiberd.io/fiberd/controller/pool"
+	fclient "fiberd.io/fiberd/pkg/client"
 )
 
 // options are the command's flags.
@@ -38,6 +43,9 @@ type options struct {
 	verbosity     int
 	leaseDuration time.Duration
 	issuer        issuerOptions
+	tlsDir        string
+	serverName    string
+	fibersEvery   time.Duration
 }
 
 // issuerOptions are the flags of the controller's grant issuer.
@@ -70,6 +78,9 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.DurationVar(&o.issuer.prepublish, "issuer-key-prepublish", issuer.DefaultPrepublish, "how long a new key is in the JWKS before it signs")
 	fs.DurationVar(&o.issuer.lease, "issuer-lease", issuer.DefaultLease, "lease of the grants of a pool whose spec.lease is empty")
 	fs.DurationVar(&o.issuer.maxLease, "issuer-max-lease", issuer.DefaultMaxLease, "longest lease signed (a pool asking more is refused); a retired key stays published this long plus a margin")
+	fs.StringVar(&o.tlsDir, "fiberd-tls-dir", "", "directory of the client certificate the controller reads grant Pods' fibers in use with (GET /v1/status on their API port): tls.crt and tls.key, signed by the grant Pods' client CA, and ca.crt, the CA of fiberd's serving certificate. Empty, or a directory with none of the three: fibers in use are unknown and drains wait their whole grace period")
+	fs.StringVar(&o.serverName, "fiberd-server-name", pool.DefaultFibersServerName, `name checked in fiberd's serving certificate while dialling a grant Pod's IP; "{namespace}" and "{pool}" are replaced by the Pod's`)
+	fs.DurationVar(&o.fibersEvery, "fibers-interval", pool.DefaultFibersInterval, "how often each grant Pod's fibers in use are read, at most")
 	fs.IntVar(&o.verbosity, "v", 0, "log verbosity: 0 logs each Pod created or deleted, higher values add controller-runtime's detail")
 	config.RegisterFlags(fs)
 	if err := fs.Parse(args); err != nil {
@@ -95,6 +106,9 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 			return o, fmt.Errorf("-issuer-url, -issuer-key-*, -issuer-*lease: %w", err)
 		}
 	}
+	if o.fibersEvery < time.Second {
+		return o, fmt.Errorf("-fibers-interval %s: want 1s or more", o.fibersEvery)
+	}
 	return o, nil
 }
 
@@ -112,6 +126,84 @@ func (o options) issuerConfig() issuer.Config {
 		Lease:          o.issuer.lease,
 		MaxLease:       o.issuer.maxLease,
 	}
+}
+
+// fibersConfig builds the pool's FibersConfig from the flags, reading -fiberd-tls-dir: all three
+// files, or none (a Secret not made yet: fibers in use unknown, said in the log and in each
+// pool's FibersCounted condition). One or two of them is an error naming what is missing.
+func fibersConfig(o options) (pool.FibersConfig, error) {
+	fc := pool.FibersConfig{ServerName: o.serverName, Interval: o.fibersEvery}
+	if o.tlsDir == "" {
+		return fc, nil
+	}
+	files := []string{"tls.crt", "tls.key", "ca.crt"}
+	var present, missing []string
+	for _, f := range files {
+		if _, err := os.Stat(filepath.Join(o.tlsDir, f)); err == nil {
+			present = append(present, f)
+		} else {
+			missing = append(missing, f)
+		}
+	}
+	switch len(present) {
+	case 0:
+		return fc, nil
+	case len(files):
+	default:
+		return fc, fmt.Errorf("-fiberd-tls-dir %s has %s but not %s: give all three (or none, to leave fibers in use unknown)",
+			o.tlsDir, strings.Join(present, ", "), strings.Join(missing, ", "))
+	}
+	crt, key := filepath.Join(o.tlsDir, "tls.crt"), filepath.Join(o.tlsDir, "tls.key")
+	cfg, err := fclient.TLSConfig(crt, key, filepath.Join(o.tlsDir, "ca.crt"))
+	if err != nil {
+		return fc, fmt.Errorf("-fiberd-tls-dir: %w", err)
+	}
+	// The client certificate is read again when its files change (a Secret's certificate
+	// renewed in place); the CA is read once.
+	rc := &reloadingCert{crt: crt, key: key}
+	if _, err := rc.get(); err != nil {
+		return fc, fmt.Errorf("-fiberd-tls-dir: %w", err)
+	}
+	cfg.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return rc.get() }
+	fc.TLS = cfg
+	return fc, nil
+}
+
+// reloadingCert is a client certificate read from its files, and read again when either file's
+// modification time or size changes. A failed read keeps the last good certificate.
+type reloadingCert struct {
+	crt, key string
+
+	mu    sync.Mutex
+	stamp string
+	cert  *tls.Certificate
+}
+
+// get returns the certificate, reading the files again if they changed since the last read.
+func (r *reloadingCert) get() (*tls.Certificate, error) {
+	stamp := ""
+	for _, f := range []string{r.crt, r.key} {
+		fi, err := os.Stat(f)
+		if err != nil {
+			stamp += "?"
+			continue
+		}
+		stamp += fmt.Sprintf("%d.%d;", fi.ModTime().UnixNano(), fi.Size())
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.cert != nil && stamp == r.stamp {
+		return r.cert, nil
+	}
+	cert, err := tls.LoadX509KeyPair(r.crt, r.key)
+	if err != nil {
+		if r.cert != nil {
+			return r.cert, nil // mid-update: the pair does not match yet
+		}
+		return nil, fmt.Errorf("client certificate %s, key %s: %w", r.crt, r.key, err)
+	}
+	r.cert, r.stamp = &cert, stamp
+	return r.cert, nil
 }
 
 func main() {
@@ -173,8 +265,15 @@ func run(ctx context.Context, o options, log logr.Logger) error {
 	if err := mgr.AddReadyzCheck("readyz", healthz.Ping); err != nil {
 		return err
 	}
-	if err := pool.Setup(ctx, mgr, pool.Config{Shape: pool.Shape{IssuerURL: o.issuerURL}}); err != nil {
+	fibers, err := fibersConfig(o)
+	if err != nil {
 		return err
+	}
+	if err := pool.Setup(ctx, mgr, pool.Config{Shape: pool.Shape{IssuerURL: o.issuerURL}, Fibers: fibers}); err != nil {
+		return err
+	}
+	if fibers.TLS == nil {
+		log.Info("no client certificate for fiberd's API (-fiberd-tls-dir): fibers in use are unknown, draining grant pods wait their whole grace period")
 	}
 	if o.issuer.issuerOn() {
 		// The issuer reads Pods and Secrets from the API server itself: the manager's cache holds
@@ -196,6 +295,6 @@ func run(ctx context.Context, o options, log logr.Logger) error {
 			return err
 		}
 	}
-	log.Info("starting", "leaderElection", o.leaderElect, "issuer", o.issuerURL, "servesGrants", o.issuer.issuerOn())
+	log.Info("starting", "leaderElection", o.leaderElect, "issuer", o.issuerURL, "servesGrants", o.issuer.issuerOn(), "fibersInUse", fibers.TLS != nil)
 	return mgr.Start(ctx)
 }
