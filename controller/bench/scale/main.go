@@ -94,8 +94,13 @@ func writeReport(w io.Writer, res *Result) {
 	fmt.Fprintf(w, "| homes started / readiness published / scope lost | %d / %d / %d |\n", res.HomesStarted, res.ReadyPublished, res.ScopeLost)
 	fmt.Fprintf(w, "| controller RSS / Go heap at rest | %.1f MiB / %.1f MiB |\n", res.ControllerRSS/(1<<20), res.ControllerHeap/(1<<20))
 	fmt.Fprintf(w, "| benchmark process (homes, kubelets) RSS / Go heap | %.1f MiB / %.1f MiB |\n\n", res.BenchRSS/(1<<20), res.BenchHeap/(1<<20))
+	fmt.Fprintf(w, "### ramp: API requests per Pod brought Ready (%.1f in all)\n\n| verb resource | requests per Pod |\n|---|---|\n", totalRate(res.RampPerPod))
+	for _, r := range res.RampPerPod {
+		fmt.Fprintf(w, "| %s | %.3f |\n", r.Key, r.PerSec)
+	}
+	fmt.Fprintln(w)
 	for _, win := range res.Windows {
-		fmt.Fprintf(w, "### %s (%.0f s)\n\n", win.Name, win.Seconds)
+		fmt.Fprintf(w, "### %s (%.0f s; slowest scrape %.1f s)\n\n", win.Name, win.Seconds, win.Scrape.Seconds())
 		fmt.Fprintf(w, "API requests %.2f/s: homes %.2f/s, controller %.2f/s (issuer's TokenReviews and Pod reads included), others %.2f/s; open WATCHes %.0f; grants issued %.2f/s; reconciles %.2f/s (p50 %s, p99 %s)\n\n",
 			win.Total, win.Homes, win.Controller, math.Max(0, win.Total-win.Homes-win.Controller), win.Watches, win.Renewals, win.Reconciles, ms(win.ReconcileP50), ms(win.ReconcileP99))
 		fmt.Fprintf(w, "| verb resource | requests/s |\n|---|---|\n")

@@ -105,6 +105,9 @@ type window struct {
 	Reconciles, ReconcileP50, ReconcileP99 float64
 	// Renewals is grants issued per second by the controller's issuer.
 	Renewals float64
+	// Scrape is the longer of the two scrapes that bound the window: a window whose scrapes
+	// took seconds was measured on a starved host.
+	Scrape time.Duration
 }
 
 // Result is one run's measurements.
@@ -114,6 +117,9 @@ type Result struct {
 	ReadyAfter  time.Duration // pools created to every Pod Ready
 	StatusAfter time.Duration // pools created to every pool's status counting all its Pods ready
 	Windows     []window
+	// RampPerPod is the API requests from the pools' creation to every Pod Ready (and the
+	// pools' EndpointSlices written), by verb and resource, divided by the Pods.
+	RampPerPod []rate
 	// Ramp is the reconcile latency over the whole run up to every Pod Ready.
 	RampReconciles                     float64
 	RampReconcileP50, RampReconcileP99 float64
@@ -274,6 +280,7 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
+	res.RampPerPod = rates(requestCounts(before.api), requestCounts(ramp.api), float64(o.Pods))
 	h := reconcileHist(ramp.ctrl).minus(reconcileHist(before.ctrl))
 	res.RampReconciles, res.RampReconcileP50, res.RampReconcileP99 = h.count, h.quantile(0.5), h.quantile(0.99)
 
@@ -328,21 +335,28 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 // request count.
 type snapshot struct {
 	at        time.Time
+	took      time.Duration // how long the two scrapes took: long on a starved host
 	api, ctrl []sample
 	homes     int64
 }
 
 func scrapeAll(ctx context.Context, cs kubernetes.Interface, proc *controllerProc) (snapshot, error) {
-	s := snapshot{at: time.Now()}
+	var s snapshot
+	began := time.Now()
+	var err error
+	// The controller first (a local read), the API server last: the window ends when the API
+	// server answered, since its counts are the ones reported by verb and resource.
+	if s.ctrl, err = proc.scrape(ctx); err != nil {
+		return s, fmt.Errorf("controller /metrics: %w", err)
+	}
 	raw, err := cs.CoreV1().RESTClient().Get().AbsPath("/metrics").DoRaw(ctx)
 	if err != nil {
 		return s, fmt.Errorf("API server /metrics: %w", err)
 	}
+	s.at = time.Now()
+	s.took = s.at.Sub(began)
 	if s.api, err = parseText(string(raw), "apiserver_request_total", "apiserver_longrunning_requests"); err != nil {
 		return s, err
-	}
-	if s.ctrl, err = proc.scrape(ctx); err != nil {
-		return s, fmt.Errorf("controller /metrics: %w", err)
 	}
 	return s, nil
 }
@@ -360,7 +374,7 @@ func measure(ctx context.Context, name string, cs kubernetes.Interface, proc *co
 	}
 	end.homes = homesEnd
 	secs := end.at.Sub(start.at).Seconds()
-	w := window{Name: name, Seconds: secs}
+	w := window{Name: name, Seconds: secs, Scrape: max(start.took, end.took)}
 	w.Rates = rates(requestCounts(start.api), requestCounts(end.api), secs)
 	w.Total = totalRate(w.Rates)
 	w.Homes = float64(end.homes-start.homes) / secs

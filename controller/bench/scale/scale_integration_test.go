@@ -61,6 +61,17 @@ func TestScaleSmoke(t *testing.T) {
 	if res.ClientsEndpoints != 4 {
 		t.Errorf("pool clients saw %d endpoints, want 2 pools × 2", res.ClientsEndpoints)
 	}
+	perPod := map[requestKey]float64{}
+	for _, r := range res.RampPerPod {
+		perPod[r.Key] = r.PerSec
+	}
+	// Each Pod is created once and bound once; its status is patched by the kubelet (Running,
+	// then Ready) and by its home (the readiness gate's condition).
+	for k, want := range map[requestKey]float64{{"POST", "pods"}: 1, {"POST", "pods/binding"}: 1, {"PATCH", "pods/status"}: 3} {
+		if perPod[k] < want {
+			t.Errorf("ramp: %s %.2f per Pod, want at least %v", k, perPod[k], want)
+		}
+	}
 	rest := res.Windows[0]
 	// Each home reads its Pod about once a second and renews at 4 s: both show at rest.
 	if rest.Homes < 4*0.5 {
@@ -80,7 +91,7 @@ func TestScaleSmoke(t *testing.T) {
 	}
 	var out bytes.Buffer
 	writeReport(&out, res)
-	for _, want := range []string{"every Pod Ready", "### rest", "### clone load", "GET pods", "controller RSS"} {
+	for _, want := range []string{"every Pod Ready", "### ramp", "### rest", "### clone load", "GET pods", "controller RSS"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("report lacks %q:\n%s", want, out.String())
 		}
