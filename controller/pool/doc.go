@@ -55,6 +55,7 @@
 //
 // # Who imports it
 //
-// cmd/fiberd-controller and this module's tests. It imports the API (api/v1alpha1),
+// cmd/fiberd-controller, bench/scale (which measures it with 1,000 grant Pods; docs/benchmarks.md
+// "At scale, by simulation") and this module's tests. It imports the API (api/v1alpha1),
 // controller-runtime and, from fiberd, the template reference parser only.
 package pool

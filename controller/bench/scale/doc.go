@@ -40,5 +40,5 @@
 //	go run ./bench/scale -pods 1000 -crd ../deploy/controller/fiberd.io_fiberpools.yaml
 //
 // TestScaleSmoke (build tag integration, part of `make test-integration`) runs it with 4 Pods
-// in about 25 s so it cannot rot.
+// in about 20 s so it cannot rot.
 package main
