@@ -114,7 +114,10 @@ func TestPool(t *testing.T) {
 			t.Errorf("grant Pod %s (node %s) served none of %d Clones: %v", p.Name, p.Spec.NodeName, clones, served)
 		}
 	}
-	if writes >= clones/4 {
+	// Every other writer (leases, the kubelets' and the controller's status, the client Pod's own
+	// creation) counts too: about 20 to 50 here. Half a write per Clone leaves room for a slow
+	// machine's longer run and none for a write per Clone.
+	if writes >= clones/2 {
 		t.Errorf("the API server took %d writes during %d Clones: the pool client should write nothing per Clone", writes, clones)
 	}
 	recordMs("pool: API server writes per Clone (all writers, ×1000)", float64(writes)*1000/clones)
