@@ -25,20 +25,24 @@ import (
 	"fiberd.io/fiberd/test/kubenode"
 )
 
-// Names of TestPool: deploy/controller's, and the pool of its example.
+// Names of TestPool: deploy/controller's, its example pool's and controller/pool's labels.
 const (
-	poolNS         = "pools"
-	poolName       = "counter"                                          // deploy/controller/examples/counter-pool.yaml
-	poolExample    = "examples/counter-pool.yaml"                       // under deploy/controller
-	controllerName = "fiberd-controller"                                // deployment.yaml, its Lease's prefix
-	leaderLease    = "fiberd-controller.fiberd.io"                      // the controller's -leader-election-id
-	poolClientSA   = "pool-client"                                      // pool-client-rbac.yaml's subject
-	poolLabel      = "fiberd.io/pool"                                   // controller/pool's labels
-	servingLabel   = "fiberd.io/serving"                                //
-	ordinalLabel   = "fiberd.io/ordinal"                                //
-	revisionLabel  = "fiberd.io/revision"                               //
-	poolCloneMs    = "pool: Clone through the pool client (client Pod)" // record()'s name
-	waitPool       = 4 * time.Minute
+	poolNS           = "pools"
+	poolName         = "counter"                                 // the example's pool
+	poolExample      = "examples/counter-pool.yaml"              // under deploy/controller
+	controllerName   = "fiberd-controller"                       // deployment.yaml's Deployment and Pod label
+	leaderLease      = "fiberd-controller.fiberd.io"             // the controller's -leader-election-id
+	controllerIssuer = "https://fiberd-issuer.fiberd-system.svc" // its -issuer-url
+	poolClientSA     = "pool-client"                             // pool-client-rbac.yaml's subject
+	poolLabel        = "fiberd.io/pool"
+	servingLabel     = "fiberd.io/serving"
+	ordinalLabel     = "fiberd.io/ordinal"
+	revisionLabel    = "fiberd.io/revision"
+)
+
+const (
+	poolCloneMs = "pool: Clone through the pool client (client Pod)" // its record() name
+	waitPool    = 4 * time.Minute                                    // the longest wait for the pool's Pods
 )
 
 // TestPool is issue 28's pool on the real cluster, with a second node: deploy/controller applied
@@ -77,6 +81,21 @@ func TestPool(t *testing.T) {
 	if len(nodes[c.node.Name()]) == 0 || len(nodes[n2.Name()]) == 0 {
 		t.Fatalf("the pool's 4 grant Pods are not spread over both nodes %s and %s: %v", c.node.Name(), n2.Name(), nodes)
 	}
+	// Each grant Pod's grant is the controller issuer's, for that Pod.
+	for _, p := range pods {
+		dir := c.node.Dir()
+		if p.Spec.NodeName == n2.Name() {
+			dir = n2.Dir()
+		}
+		state := filepath.Join(dir, "kubelet", "pods", string(p.UID), "volumes", "kubernetes.io~empty-dir", "state")
+		_, _, claims := readGrant(t, state, string(p.UID))
+		if iss := fmt.Sprint(claims["iss"]); iss != controllerIssuer {
+			t.Errorf("grant Pod %s's grant was issued by %s, not the controller's issuer %s", p.Name, iss, controllerIssuer)
+		}
+		if aud := fmt.Sprint(claims["aud"]); !strings.Contains(aud, p.Name) {
+			t.Errorf("grant Pod %s's grant is for %s", p.Name, aud)
+		}
+	}
 	if ok, why := c.poolCondition(t, "FibersCounted"); !ok {
 		t.Errorf("the pool does not count fibers in use with the controller's client certificate: %s", why)
 	}
@@ -102,8 +121,8 @@ func TestPool(t *testing.T) {
 			t.Errorf("cycle %d through the pool failed at %s: %s", cy.N, cy.Stage, cy.Error)
 			continue
 		}
-		if strings.TrimSpace(cy.Body) == "" {
-			t.Errorf("cycle %d: the fiber %s at %s answered nothing", cy.N, cy.FiberID, cy.Endpoint)
+		if !strings.Contains(cy.Body, "fence="+cy.FiberID) {
+			t.Errorf("cycle %d: the fiber %s at %s answered %q, not as itself", cy.N, cy.FiberID, cy.Endpoint, cy.Body)
 		}
 		served[cy.Pod]++
 		recordMs(poolCloneMs, cy.CloneMs)
