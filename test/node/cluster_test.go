@@ -454,6 +454,8 @@ type Cycle struct {
 	CloneMs     float64 `json:"cloneMs"`
 	FirstByteMs float64 `json:"firstByteMs"`
 	Error       string  `json:"error"`
+	Stage       string  `json:"stage"` // the step that failed: clone, get or release
+	Pod         string  `json:"pod"`   // the grant Pod that served, in the client's -pool mode
 }
 
 // runClient runs test/node/client in a Pod of namespace ns against grant Pod g for n cycles

@@ -9,6 +9,10 @@
 // from another Pod on the Pod IP over mTLS, the drain on delete, a
 // restarted container's epoch, namespace deletion, zombies, the security
 // context, garbage collection, and that stopping the node leaves nothing behind.
+// TestPool adds a second node and runs deploy/controller as a user applies it:
+// a FiberPool's grant Pods over both nodes, Clones from a client Pod routed by
+// pkg/client/pool with no API server write per Clone, failover when a Pod is
+// killed, a drained scale-down and a roll with the controller restarted.
 //
 // The tests carry the build tag e2enode and need root; run them with
 //

@@ -49,7 +49,9 @@ func TestIssuerFlags(t *testing.T) {
 }
 
 // TestDeployManifests holds deploy/controller to the code: the Deployment's arguments parse, its
-// issuer serves on the port the fiberd-issuer Service targets, and -issuer-url names that Service.
+// issuer serves on the port the fiberd-issuer Service targets, -issuer-url names that Service, and
+// the container's user can read every Secret it mounts (the kubelet writes their files owned by
+// root, group the Pod's fsGroup when it has one, with the volume's defaultMode).
 func TestDeployManifests(t *testing.T) {
 	read := func(name string, into any) {
 		t.Helper()
@@ -92,6 +94,28 @@ func TestDeployManifests(t *testing.T) {
 	for k, v := range svc.Spec.Selector {
 		if dep.Spec.Template.Labels[k] != v {
 			t.Errorf("the issuer Service selects %s=%s, which the controller's Pods do not carry", k, v)
+		}
+	}
+	ps := dep.Spec.Template.Spec.SecurityContext
+	if ps == nil || ps.RunAsUser == nil || *ps.RunAsUser == 0 {
+		t.Fatal("deployment.yaml runs the controller as root: set securityContext.runAsUser")
+	}
+	mounted := map[string]bool{}
+	for _, m := range c.VolumeMounts {
+		mounted[m.Name] = true
+	}
+	for _, v := range dep.Spec.Template.Spec.Volumes {
+		if v.Secret == nil || !mounted[v.Name] {
+			continue
+		}
+		mode := int32(corev1.SecretVolumeSourceDefaultMode)
+		if v.Secret.DefaultMode != nil {
+			mode = *v.Secret.DefaultMode
+		}
+		byGroup := ps.FSGroup != nil && mode&0o040 != 0
+		if mode&0o004 == 0 && !byGroup {
+			t.Errorf("the Secret volume %s (mode %#o) is unreadable by user %d: its files are root's, group the Pod's fsGroup (%v); set fsGroup or a mode readable by others",
+				v.Name, mode, *ps.RunAsUser, ps.FSGroup)
 		}
 	}
 }

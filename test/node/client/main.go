@@ -6,6 +6,14 @@
 // -keep. It prints one JSON line per cycle (Cycle) and exits 0 when every
 // cycle worked; 1 at the first failure, after printing it; 2 on bad usage.
 //
+// With -pool NAME it clones through the FiberPool NAME instead (package
+// pkg/client/pool: the pool's EndpointSlices, read with the Pod's own
+// ServiceAccount token, pick the grant Pod and its grant), names the Pod that
+// served each fiber, and carries on after a failed cycle: it runs -n cycles,
+// or, with -stop-file, until that file exists (at least -n), one cycle every
+// -interval, each Clone bounded by -deadline, and exits 1 at the end if any
+// cycle failed.
+//
 // The suite (test/node) packages it as the image fiberd.local/node-client:dev
 // (hack/images.sh) and reads its lines from the Pod's log.
 package main
@@ -39,8 +47,12 @@ type Cycle struct {
 	// to the first byte of the fiber's answer.
 	CloneMs     float64 `json:"cloneMs"`
 	FirstByteMs float64 `json:"firstByteMs"`
-	// Error, when set, is why the cycle failed.
+	// Error, when set, is why the cycle failed, and Stage the step that
+	// failed: "clone", "get" (the fiber's answer) or "release".
 	Error string `json:"error,omitempty"`
+	Stage string `json:"stage,omitempty"`
+	// Pod is the grant Pod that served the fiber (pool mode only).
+	Pod string `json:"pod,omitempty"`
 }
 
 func main() {
@@ -53,7 +65,20 @@ func main() {
 	n := flag.Int("n", 1, "clone cycles")
 	keep := flag.Bool("keep", false, "keep the fibers (do not release them)")
 	wait := flag.Duration("wait", 60*time.Second, "how long the first Clone is retried while fiberd is unreachable")
+	var po poolMode
+	flag.StringVar(&po.name, "pool", "", "clone through the FiberPool `NAME` (its EndpointSlices, in-cluster credentials) instead of -addr and -grant-uid")
+	flag.StringVar(&po.namespace, "namespace", "", "the pool's namespace (default the Pod's own)")
+	flag.StringVar(&po.stopFile, "stop-file", "", "with -pool: clone until this file exists (at least -n cycles)")
+	flag.DurationVar(&po.interval, "interval", 0, "with -pool: pause between cycles")
+	flag.DurationVar(&po.deadline, "deadline", 10*time.Second, "with -pool: bound of each Clone, every Pod asked included")
 	flag.Parse()
+	if po.name != "" {
+		if *addr != "" || *grantUID != "" || *n < 1 {
+			fmt.Fprintln(os.Stderr, "client: -pool finds the Pods and their grants: leave out -addr and -grant-uid; -n at least 1")
+			os.Exit(2)
+		}
+		os.Exit(po.run(*cert, *key, *ca, *n))
+	}
 	if *addr == "" || *grantUID == "" || *n < 1 {
 		fmt.Fprintln(os.Stderr, "client: -addr and -grant-uid are required, -n at least 1")
 		os.Exit(2)
@@ -101,20 +126,20 @@ func cycle(c *client.Client, uid string, n int, keep bool, wait time.Duration) C
 	}
 	cy.CloneMs = ms(time.Since(t0))
 	if err != nil {
-		cy.Error = "clone: " + err.Error()
+		cy.Error, cy.Stage = "clone: "+err.Error(), "clone"
 		return cy
 	}
 	cy.FiberID, cy.Endpoint = resp.FiberID, resp.Endpoint
 	body, first, err := get(ctx, resp.Endpoint)
 	cy.FirstByteMs = ms(first.Sub(t0))
 	if err != nil {
-		cy.Error = "GET " + resp.Endpoint + ": " + err.Error()
+		cy.Error, cy.Stage = "GET "+resp.Endpoint+": "+err.Error(), "get"
 		return cy
 	}
 	cy.Body = body
 	if !keep {
 		if err := c.Release(ctx, resp.FiberID); err != nil {
-			cy.Error = "release: " + err.Error()
+			cy.Error, cy.Stage = "release: "+err.Error(), "release"
 		}
 	}
 	return cy
