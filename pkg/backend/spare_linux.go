@@ -329,6 +329,22 @@ func (z *zygote) spared(m message, fds []int) {
 		_ = sp.rec.Remove() // the zygote's end ends it
 		return
 	}
+	if !z.sp.handover || z.sp.fails >= maxSpareFailures {
+		// Spares were given up (too many failed) while this one was being
+		// made: it is dropped at once, as the loop drops an extra one, and
+		// never offered to a Clone. A spare of a template whose spares fail
+		// (the Python SDK's on_spare raising after the spare reported
+		// ready) is a fiber already ending; a Clone that took it would be
+		// handed a fiber that never serves. Other extra spares (W lowered,
+		// fibers near max) stay to the loop: a Clone waiting for this one
+		// may take it first.
+		sp.dropped = true
+		z.sp.dropping[sp.name] = sp
+		z.spareAnsweredLocked()
+		z.mu.Unlock()
+		_ = conn.Close() // the spare exits 0; EXITED closes its record
+		return
+	}
 	z.sp.waiting = append(z.sp.waiting, sp)
 	z.spareAnsweredLocked()
 	z.mu.Unlock()
